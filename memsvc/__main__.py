@@ -1,0 +1,5 @@
+"""python -m memsvc."""
+
+from memsvc.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Redis cache of Prefetch packets: key building and invalidation."""

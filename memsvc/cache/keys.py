@@ -1,0 +1,27 @@
+"""Cache key building: pure functions, one Redis Cluster hash tag per user."""
+
+from __future__ import annotations
+
+import hashlib
+
+PREFIX = "memsvc"
+
+
+def user_tag(tenant_id: str, user_id: str) -> str:
+    """A hash tag that puts every key of one user in one cluster slot.
+
+    Hashed, so ids containing braces or colons cannot break the tag or collide.
+    """
+    digest = hashlib.blake2b(f"{tenant_id}\x00{user_id}".encode(), digest_size=12).hexdigest()
+    return "{" + digest + "}"
+
+
+def user_index_key(tenant_id: str, user_id: str) -> str:
+    """A set listing every cached key of the user, so invalidation never scans the keyspace."""
+    return f"{PREFIX}:{user_tag(tenant_id, user_id)}:index"
+
+
+def packet_key(tenant_id: str, user_id: str, version: int, shape: str) -> str:
+    """Key of one cached Prefetch packet: user tag, content version, request shape digest."""
+    shape_digest = hashlib.blake2b(shape.encode(), digest_size=12).hexdigest()
+    return f"{PREFIX}:{user_tag(tenant_id, user_id)}:pkt:{version}:{shape_digest}"

@@ -1,0 +1,150 @@
+"""The `memsvc` command: dev, serve, migrate, keys."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from pathlib import Path
+
+import asyncpg
+
+from memsvc.config import ConfigError, Settings
+from memsvc.server.app import MemsvcServer, serve_until_signalled
+from memsvc.storage import api_keys
+from memsvc.storage.migrate import migrate
+
+log = logging.getLogger("memsvc")
+
+_AUTH_OFF_BANNER = """
+!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!
+!! memsvc dev: AUTHENTICATION IS OFF. Every caller is tenant {tenant!r}.
+!! For local development only. Use `memsvc serve` with API keys in production.
+!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="memsvc", description=__doc__)
+    parser.add_argument("--log-level", default="INFO")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    dev = sub.add_parser(
+        "dev", help="run with embedded PostgreSQL+pgvector and valkey (data in --data-dir)"
+    )
+    dev.add_argument("--port", type=int, help="gRPC port (default 50051)")
+    dev.add_argument("--host", help="gRPC bind address (default 127.0.0.1)")
+    dev.add_argument("--data-dir", type=Path, help="data folder (default ./.memsvc)")
+    dev.add_argument(
+        "--auth", action="store_true", help="require API keys in dev too (default: off)"
+    )
+
+    serve = sub.add_parser(
+        "serve", help="production mode against MEMSVC_PG_DSN and MEMSVC_REDIS_URL"
+    )
+    serve.add_argument("--port", type=int)
+    serve.add_argument("--host")
+
+    sub.add_parser("migrate", help="apply database migrations to MEMSVC_PG_DSN and exit")
+
+    keys = sub.add_parser("keys", help="manage API keys (against MEMSVC_PG_DSN)")
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True)
+    create = keys_sub.add_parser("create", help="create a key for a tenant; printed once")
+    create.add_argument("--tenant", required=True)
+    create.add_argument("--label", default="")
+    revoke = keys_sub.add_parser("revoke", help="revoke a key")
+    revoke.add_argument("key")
+    return parser
+
+
+def _require_external(settings: Settings) -> None:
+    missing = [
+        name
+        for name, value in (("MEMSVC_PG_DSN", settings.pg_dsn), ("MEMSVC_REDIS_URL", settings.redis_url))
+        if not value
+    ]
+    if missing:
+        raise ConfigError(f"{' and '.join(missing)} must be set (or use `memsvc dev`)")
+
+
+async def _run_dev(settings: Settings, args: argparse.Namespace) -> None:
+    from memsvc.embedded import EmbeddedStack
+
+    data_dir = settings.data_dir.resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    stack = EmbeddedStack(data_dir)
+    log.info("starting embedded PostgreSQL and valkey under %s", data_dir)
+    dsn, url = await asyncio.to_thread(stack.start)
+    try:
+        settings = settings.with_overrides(pg_dsn=dsn, redis_url=url)
+        if not settings.auth_enabled:
+            sys.stderr.write(_AUTH_OFF_BANNER.format(tenant=settings.default_tenant))
+        await serve_until_signalled(MemsvcServer(settings))
+    finally:
+        log.info("stopping embedded servers")
+        await asyncio.to_thread(stack.stop)
+
+
+async def _run_migrate(settings: Settings) -> None:
+    conn = await asyncpg.connect(settings.pg_dsn, timeout=10)
+    try:
+        applied = await migrate(conn, embedding_dim=settings.embedding_dim)
+    finally:
+        await conn.close()
+    print(f"applied: {', '.join(applied) if applied else 'nothing (up to date)'}")
+
+
+async def _run_keys(settings: Settings, args: argparse.Namespace) -> None:
+    conn = await asyncpg.connect(settings.pg_dsn, timeout=10)
+    try:
+        await migrate(conn, embedding_dim=settings.embedding_dim)
+        if args.keys_command == "create":
+            key = await api_keys.create_key(conn, args.tenant, args.label)
+            print(key)
+        elif not await api_keys.revoke_key(conn, args.key):
+            raise ConfigError("no active key matches")
+    finally:
+        await conn.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    try:
+        settings = Settings.from_env(os.environ)
+        if args.command == "dev":
+            auth = args.auth or ("MEMSVC_AUTH_ENABLED" in os.environ and settings.auth_enabled)
+            settings = settings.with_overrides(
+                grpc_port=args.port,
+                grpc_host=args.host,
+                data_dir=args.data_dir,
+                auth_enabled=auth,
+            )
+            asyncio.run(_run_dev(settings, args))
+        elif args.command == "serve":
+            settings = settings.with_overrides(grpc_port=args.port, grpc_host=args.host)
+            _require_external(settings)
+            asyncio.run(serve_until_signalled(MemsvcServer(settings)))
+        elif args.command == "migrate":
+            if not settings.pg_dsn:
+                raise ConfigError("MEMSVC_PG_DSN must be set")
+            asyncio.run(_run_migrate(settings))
+        elif args.command == "keys":
+            if not settings.pg_dsn:
+                raise ConfigError("MEMSVC_PG_DSN must be set")
+            asyncio.run(_run_keys(settings, args))
+    except ConfigError as exc:
+        print(f"memsvc: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

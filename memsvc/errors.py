@@ -1,0 +1,63 @@
+"""One error tree: every domain error carries the gRPC status code it is answered with."""
+
+from __future__ import annotations
+
+import grpc
+
+
+class MemsvcError(Exception):
+    """Base of every error memsvc answers a call with."""
+
+    code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidArgument(MemsvcError):
+    """The request is malformed; nothing was written."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class NotFound(MemsvcError):
+    """The named object does not exist in the caller's exact scope."""
+
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class FailedPrecondition(MemsvcError):
+    """The object exists but is in a state the operation does not accept."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class Unauthenticated(MemsvcError):
+    """No valid API key was presented."""
+
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class ResourceExhausted(MemsvcError):
+    """A limit or quota was reached; retry later."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class Unavailable(MemsvcError):
+    """A dependency (database, embedder) cannot answer right now; safe to retry."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class DeadlineExceeded(MemsvcError):
+    """The call's deadline ran out before a write could complete; nothing was written."""
+
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class Unimplemented(MemsvcError):
+    """The RPC is declared in the contract but not built yet."""
+
+    code = grpc.StatusCode.UNIMPLEMENTED

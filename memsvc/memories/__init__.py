@@ -1,0 +1,1 @@
+"""The explicit memory operations: Remember, Correct, Forget, ListMemories, GetMemoryHistory."""

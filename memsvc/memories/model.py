@@ -1,0 +1,93 @@
+"""Domain types of the memory tier, independent of gRPC and SQL."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Whose memory: tenant (from credentials) plus the request's exact user/persona/agent."""
+
+    tenant_id: str
+    user_id: str
+    persona_id: str = ""
+    agent_id: str = ""
+
+
+@dataclass(frozen=True)
+class Sharing:
+    """Explicit sharing declared on write; never implied by an empty scope field."""
+
+    all_agents: bool = False
+    all_personas: bool = False
+
+
+@dataclass(frozen=True)
+class NewMemory:
+    """A validated memory about to be written."""
+
+    content: str
+    category: str
+    role: str
+    confidence: float
+    pinned: bool = False
+    subject: str = ""
+    predicate: str = ""
+    object: str = ""
+    source_message_ids: tuple[str, ...] = ()
+    session_id: str = ""
+    sharing: Sharing = Sharing()
+    valid_from: datetime | None = None
+    origin: str = "explicit"
+
+
+@dataclass(frozen=True)
+class MemoryRecord:
+    """One stored memory row (one version of a memory)."""
+
+    scope: Scope
+    memory_id: uuid.UUID
+    lineage_id: uuid.UUID
+    content: str
+    category: str
+    role: str
+    confidence: float
+    reinforced_count: int
+    pinned: bool
+    valid_from: datetime
+    recorded_at: datetime
+    status: str
+    origin: str
+    subject: str = ""
+    predicate: str = ""
+    object: str = ""
+    invalid_at: datetime | None = None
+    supersedes_id: uuid.UUID | None = None
+    superseded_by_id: uuid.UUID | None = None
+    source_message_ids: tuple[str, ...] = ()
+    session_id: str = ""
+    sharing: Sharing = Sharing()
+    correction_reason: str = ""
+
+
+@dataclass(frozen=True)
+class ListQuery:
+    """A page request over one exact scope."""
+
+    page_size: int
+    include_superseded: bool = False
+    categories: tuple[str, ...] = ()
+    roles: tuple[str, ...] = ()
+    pinned_only: bool = False
+    session_id: str = ""
+    # Keyset cursor: (recorded_at, memory_id) of the last row of the previous page.
+    after: tuple[datetime, uuid.UUID] | None = None
+
+
+@dataclass(frozen=True)
+class Page:
+    memories: list[MemoryRecord] = field(default_factory=list)
+    next_after: tuple[datetime, uuid.UUID] | None = None

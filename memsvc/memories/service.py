@@ -1,0 +1,189 @@
+"""The explicit memory operations, over storage, the embedder and the packet cache."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+
+import asyncpg
+import numpy as np
+
+from memsvc.cache.invalidation import PacketInvalidator
+from memsvc.deadline import Budget
+from memsvc.embedding import Embedder, EmbeddingError
+from memsvc.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from memsvc.memories.model import ListQuery, MemoryRecord, NewMemory, Page, Scope
+from memsvc.memories.normalize import content_hash
+from memsvc.storage import erasure, versions
+from memsvc.storage import memories as store
+
+log = logging.getLogger(__name__)
+
+CORRECTED_CONFIDENCE = 1.0
+
+
+class MemoryService:
+    """Remember, Correct, Forget, List and History for one tenant-scoped caller at a time."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        embedder: Embedder,
+        invalidator: PacketInvalidator,
+        *,
+        acquire_timeout_s: float,
+        embed_timeout_s: float,
+    ) -> None:
+        self._pool = pool
+        self._embedder = embedder
+        self._invalidator = invalidator
+        self._acquire_timeout_s = acquire_timeout_s
+        self._embed_timeout_s = embed_timeout_s
+
+    @asynccontextmanager
+    async def _connection(self, budget: Budget) -> AsyncIterator[asyncpg.Connection]:
+        """A pooled connection, or a fast RESOURCE_EXHAUSTED when none frees up in time."""
+        try:
+            conn = await self._pool.acquire(timeout=budget.cap(self._acquire_timeout_s))
+        except TimeoutError:
+            if budget.expired:
+                raise
+            raise ResourceExhausted(
+                "every database connection is busy; retry shortly"
+            ) from None
+        try:
+            yield conn
+        finally:
+            await self._pool.release(conn)
+
+    async def _embed_one(self, text: str, budget: Budget) -> np.ndarray | None:
+        """The text's embedding, or None when the embedder failed (the row is marked missing
+        and repaired later; the memory is still found by the lexical leg meanwhile)."""
+        try:
+            vectors = await self._embedder.embed([text], timeout_s=budget.cap(self._embed_timeout_s))
+        except EmbeddingError as exc:
+            log.warning("embedding failed, storing the memory unembedded: %s", type(exc).__name__)
+            return None
+        vector: np.ndarray = vectors[0]
+        return vector
+
+    async def remember(
+        self, scope: Scope, memory: NewMemory, budget: Budget
+    ) -> tuple[MemoryRecord, bool]:
+        """Store a memory, or reinforce the identical active one. Returns (row, reinforced)."""
+        digest = content_hash(memory.content)
+        async with self._connection(budget) as conn:
+            # An exact duplicate needs no embedding: skip the model call when we can see it.
+            duplicate = await store.find_active_duplicate(conn, scope, digest)
+            embedding = None if duplicate else await self._embed_one(memory.content, budget)
+            async with conn.transaction():
+                record, reinforced = await store.insert_or_reinforce(
+                    conn,
+                    scope,
+                    memory,
+                    content_hash=digest,
+                    embedding=embedding,
+                    embedding_model=self._embedder.model_id,
+                )
+                await versions.bump_version(conn, scope.tenant_id, scope.user_id)
+        await self._invalidator.drop_user(scope.tenant_id, scope.user_id)
+        return record, reinforced
+
+    async def correct(
+        self, scope: Scope, memory_id: uuid.UUID, new_content: str, reason: str, budget: Budget
+    ) -> MemoryRecord:
+        """Supersede a memory by a corrected version (confidence 1.0); nothing is deleted."""
+        digest = content_hash(new_content)
+        embedding = await self._embed_one(new_content, budget)
+        async with self._connection(budget) as conn, conn.transaction():
+            old = await store.get_visible(conn, scope, memory_id, for_update=True)
+            if old is None:
+                raise NotFound(f"memory {memory_id} not found in this scope")
+            if old.invalid_at is not None:
+                raise FailedPrecondition(
+                    f"memory {memory_id} was already superseded by {old.superseded_by_id}; "
+                    "correct the current version instead"
+                )
+            if content_hash(old.content) == digest:
+                raise InvalidArgument("new_content: identical to the memory's current content")
+            if await store.find_active_duplicate(conn, old.scope, digest) is not None:
+                raise FailedPrecondition(
+                    "new_content: an active memory with exactly this content already exists "
+                    "in this scope; forget this one instead"
+                )
+            # Close the old version first: the dedup index only covers active rows.
+            new_id = uuid.uuid4()
+            await store.mark_superseded(conn, old, new_id)
+            corrected = NewMemory(
+                content=new_content,
+                category=old.category,
+                role=old.role,
+                confidence=CORRECTED_CONFIDENCE,
+                pinned=old.pinned,
+                source_message_ids=old.source_message_ids,
+                session_id=old.session_id,
+                sharing=old.sharing,
+                origin="correction",
+            )
+            record, _ = await store.insert_or_reinforce(
+                conn,
+                old.scope,
+                corrected,
+                content_hash=digest,
+                embedding=embedding,
+                embedding_model=self._embedder.model_id,
+                memory_id=new_id,
+                lineage_id=old.lineage_id,
+                supersedes_id=old.memory_id,
+                correction_reason=reason,
+            )
+            await versions.bump_version(conn, scope.tenant_id, scope.user_id)
+        await self._invalidator.drop_user(scope.tenant_id, scope.user_id)
+        return record
+
+    async def forget(
+        self,
+        scope: Scope,
+        budget: Budget,
+        *,
+        memory_ids: Sequence[uuid.UUID] = (),
+        all_in_scope: bool = False,
+        erase_user: bool = False,
+    ) -> int:
+        """Hard-delete memories with every version and derived row; returns rows deleted."""
+        async with self._connection(budget) as conn, conn.transaction():
+            if erase_user:
+                deleted = await erasure.erase_user(conn, scope.tenant_id, scope.user_id)
+            elif all_in_scope:
+                deleted = await store.delete_scope(conn, scope)
+            else:
+                found = await store.visible_lineages(conn, scope, memory_ids)
+                missing = [str(m) for m in memory_ids if m not in found]
+                if missing:
+                    raise NotFound(
+                        f"memory {missing[0]} not found in this scope"
+                        + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+                        + "; nothing was deleted"
+                    )
+                deleted = await store.delete_lineages(conn, scope, list(set(found.values())))
+            if not erase_user:
+                await versions.bump_version(conn, scope.tenant_id, scope.user_id)
+        await self._invalidator.drop_user(scope.tenant_id, scope.user_id)
+        return deleted
+
+    async def list(self, scope: Scope, query: ListQuery, budget: Budget) -> Page:
+        async with self._connection(budget) as conn:
+            return await store.list_page(conn, scope, query)
+
+    async def history(
+        self, scope: Scope, memory_id: uuid.UUID, budget: Budget
+    ) -> list[MemoryRecord]:
+        """The supersession chain holding the memory, oldest first."""
+        async with self._connection(budget) as conn:
+            record = await store.get_visible(conn, scope, memory_id)
+            if record is None:
+                raise NotFound(f"memory {memory_id} not found in this scope")
+            return await store.lineage(conn, scope, record.lineage_id)
+

@@ -1,0 +1,1 @@
+"""The gRPC edge: servicer, authentication, validation, conversion, server lifecycle."""

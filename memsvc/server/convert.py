@@ -1,0 +1,56 @@
+"""Domain values to proto messages (pure)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from memsvc.memories.model import MemoryRecord
+from memsvc.v1 import memory_pb2 as pb
+
+_STATUS = {
+    "active": pb.MEMORY_STATUS_ACTIVE,
+    "superseded": pb.MEMORY_STATUS_SUPERSEDED,
+}
+
+
+def timestamp(value: datetime) -> Timestamp:
+    ts = Timestamp()
+    ts.FromDatetime(value)
+    return ts
+
+
+def memory(record: MemoryRecord) -> pb.Memory:
+    msg = pb.Memory(
+        memory_id=str(record.memory_id),
+        scope=pb.Scope(
+            user_id=record.scope.user_id,
+            persona_id=record.scope.persona_id,
+            agent_id=record.scope.agent_id,
+        ),
+        content=record.content,
+        subject=record.subject,
+        predicate=record.predicate,
+        object=record.object,
+        category=record.category,
+        role=record.role,
+        confidence=record.confidence,
+        reinforced_count=record.reinforced_count,
+        pinned=record.pinned,
+        valid_from=timestamp(record.valid_from),
+        recorded_at=timestamp(record.recorded_at),
+        supersedes_id=str(record.supersedes_id) if record.supersedes_id else "",
+        superseded_by_id=str(record.superseded_by_id) if record.superseded_by_id else "",
+        source_message_ids=list(record.source_message_ids),
+        session_id=record.session_id,
+        status=_STATUS.get(record.status, pb.MEMORY_STATUS_UNSPECIFIED),
+        sharing=pb.Sharing(
+            all_agents=record.sharing.all_agents, all_personas=record.sharing.all_personas
+        ),
+        origin=record.origin,
+        correction_reason=record.correction_reason,
+    )
+    if record.invalid_at is not None:
+        msg.invalid_at.CopyFrom(timestamp(record.invalid_at))
+    return msg

@@ -1,0 +1,213 @@
+"""MemoryService over gRPC: authenticate, budget, validate, call the domain, map every error."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import grpc
+
+from memsvc.config import Settings
+from memsvc.deadline import Budget
+from memsvc.embedding import EmbeddingError
+from memsvc.errors import (
+    DeadlineExceeded,
+    InvalidArgument,
+    MemsvcError,
+    Unavailable,
+    Unimplemented,
+)
+from memsvc.memories.service import MemoryService
+from memsvc.server import convert, validate
+from memsvc.server.auth import Authenticator
+from memsvc.storage.errors import map_db_error
+from memsvc.v1 import memory_pb2 as pb
+from memsvc.v1 import memory_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+Reply = TypeVar("Reply")
+Context = grpc.aio.ServicerContext[object, object]
+
+
+def to_memsvc_error(exc: Exception) -> MemsvcError | None:
+    """Map a library error (database, embedder) to a memsvc error; None when unknown."""
+    if isinstance(exc, MemsvcError):
+        return exc
+    if isinstance(exc, EmbeddingError):
+        return Unavailable("the embedding model could not answer; retry shortly")
+    return map_db_error(exc)
+
+
+class MemoryServicer(pb_grpc.MemoryServiceServicer):
+    """The gRPC face of memsvc. No exception leaves a handler unmapped."""
+
+    def __init__(
+        self, settings: Settings, auth: Authenticator, memories: MemoryService
+    ) -> None:
+        self._settings = settings
+        self._auth = auth
+        self._memories = memories
+
+    async def _run(
+        self,
+        context: Context,
+        rpc: str,
+        handler: Callable[[str, Budget], Awaitable[Reply]],
+        *,
+        default_deadline_ms: int,
+    ) -> Reply:
+        error: MemsvcError
+        try:
+            tenant = await self._auth.tenant(context.invocation_metadata() or ())
+            budget = Budget.from_remaining(
+                context.time_remaining(),
+                default_ms=default_deadline_ms,
+                margin_ms=self._settings.deadline_margin_ms,
+            )
+            async with asyncio.timeout(budget.remaining()):
+                return await handler(tenant, budget)
+        except TimeoutError:
+            error = DeadlineExceeded(f"{rpc} did not complete within the call's deadline")
+        except Exception as exc:
+            mapped = to_memsvc_error(exc)
+            if mapped is None:
+                log.exception("%s failed unexpectedly", rpc)
+                error = MemsvcError(f"{rpc} failed: internal error ({type(exc).__name__})")
+            else:
+                error = mapped
+        if error.code not in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND):
+            log.info("%s answered %s", rpc, error.code.name)
+        await context.abort(error.code, error.message)
+        raise AssertionError("unreachable: context.abort raises")
+
+    def _write_deadline(self) -> int:
+        return self._settings.default_write_deadline_ms
+
+    # -- explicit memory operations ---------------------------------------------------------
+
+    async def Remember(self, request: pb.RememberRequest, context: Context) -> pb.RememberResponse:
+        async def handle(tenant: str, budget: Budget) -> pb.RememberResponse:
+            scope = validate.scope(
+                request.scope, tenant, self._settings, present=request.HasField("scope")
+            )
+            memory = validate.remember(request, self._settings)
+            record, reinforced = await self._memories.remember(scope, memory, budget)
+            return pb.RememberResponse(memory=convert.memory(record), reinforced=reinforced)
+
+        return await self._run(
+            context, "Remember", handle, default_deadline_ms=self._write_deadline()
+        )
+
+    async def Correct(self, request: pb.CorrectRequest, context: Context) -> pb.Memory:
+        async def handle(tenant: str, budget: Budget) -> pb.Memory:
+            scope = validate.scope(
+                request.scope, tenant, self._settings, present=request.HasField("scope")
+            )
+            memory_id = validate.memory_id(request.memory_id)
+            new_content = validate.content(request.new_content, "new_content", self._settings)
+            reason = validate.short_text(
+                request.reason, "reason", self._settings.max_reason_chars
+            )
+            record = await self._memories.correct(scope, memory_id, new_content, reason, budget)
+            return convert.memory(record)
+
+        return await self._run(
+            context, "Correct", handle, default_deadline_ms=self._write_deadline()
+        )
+
+    async def Forget(self, request: pb.ForgetRequest, context: Context) -> pb.ForgetResponse:
+        async def handle(tenant: str, budget: Budget) -> pb.ForgetResponse:
+            scope = validate.scope(
+                request.scope, tenant, self._settings, present=request.HasField("scope")
+            )
+            chosen = sum([bool(request.memory_ids), request.all_in_scope, request.erase_user])
+            if chosen != 1:
+                raise InvalidArgument(
+                    "set exactly one of memory_ids, all_in_scope or erase_user"
+                )
+            if len(request.memory_ids) > self._settings.max_forget_ids:
+                raise InvalidArgument(
+                    f"memory_ids: at most {self._settings.max_forget_ids} per call"
+                )
+            ids = [
+                validate.memory_id(m, f"memory_ids[{i}]") for i, m in enumerate(request.memory_ids)
+            ]
+            if request.erase_user and (scope.persona_id or scope.agent_id):
+                raise InvalidArgument(
+                    "erase_user removes everything about scope.user_id: leave persona_id and "
+                    "agent_id empty (use all_in_scope to clear one persona or agent)"
+                )
+            deleted = await self._memories.forget(
+                scope,
+                budget,
+                memory_ids=ids,
+                all_in_scope=request.all_in_scope,
+                erase_user=request.erase_user,
+            )
+            return pb.ForgetResponse(deleted=deleted)
+
+        return await self._run(
+            context, "Forget", handle, default_deadline_ms=self._write_deadline()
+        )
+
+    async def ListMemories(
+        self, request: pb.ListMemoriesRequest, context: Context
+    ) -> pb.ListMemoriesResponse:
+        async def handle(tenant: str, budget: Budget) -> pb.ListMemoriesResponse:
+            scope = validate.scope(
+                request.scope, tenant, self._settings, present=request.HasField("scope")
+            )
+            query = validate.list_query(request, self._settings)
+            page = await self._memories.list(scope, query, budget)
+            return pb.ListMemoriesResponse(
+                memories=[convert.memory(r) for r in page.memories],
+                next_page_token=(
+                    validate.encode_page_token(page.next_after) if page.next_after else ""
+                ),
+            )
+
+        return await self._run(
+            context, "ListMemories", handle, default_deadline_ms=self._write_deadline()
+        )
+
+    async def GetMemoryHistory(
+        self, request: pb.GetMemoryHistoryRequest, context: Context
+    ) -> pb.GetMemoryHistoryResponse:
+        async def handle(tenant: str, budget: Budget) -> pb.GetMemoryHistoryResponse:
+            scope = validate.scope(
+                request.scope, tenant, self._settings, present=request.HasField("scope")
+            )
+            memory_id = validate.memory_id(request.memory_id)
+            versions = await self._memories.history(scope, memory_id, budget)
+            return pb.GetMemoryHistoryResponse(versions=[convert.memory(r) for r in versions])
+
+        return await self._run(
+            context, "GetMemoryHistory", handle, default_deadline_ms=self._write_deadline()
+        )
+
+    # -- declared, built in later issues ----------------------------------------------------
+
+    async def _unimplemented(self, context: Context, rpc: str, issue: str) -> None:
+        error = Unimplemented(f"{rpc} is declared but not built yet ({issue}); no answer is faked")
+        await context.abort(error.code, error.message)
+
+    async def Prefetch(self, request: pb.PrefetchRequest, context: Context) -> pb.PrefetchResponse:
+        await self._unimplemented(context, "Prefetch", "read path")
+        raise AssertionError("unreachable")
+
+    async def Recall(self, request: pb.RecallRequest, context: Context) -> pb.RecallResponse:
+        await self._unimplemented(context, "Recall", "read path")
+        raise AssertionError("unreachable")
+
+    async def Ingest(self, request: pb.IngestRequest, context: Context) -> pb.IngestResponse:
+        await self._unimplemented(context, "Ingest", "write path")
+        raise AssertionError("unreachable")
+
+    async def GetIngestStatus(
+        self, request: pb.GetIngestStatusRequest, context: Context
+    ) -> pb.IngestStatus:
+        await self._unimplemented(context, "GetIngestStatus", "write path")
+        raise AssertionError("unreachable")

@@ -1,0 +1,177 @@
+"""Request validation: proto messages in, domain values out, InvalidArgument on anything wrong."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+import unicodedata
+import uuid
+from collections.abc import Iterable
+from datetime import UTC, datetime
+
+import orjson
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from memsvc.config import Settings
+from memsvc.errors import InvalidArgument
+from memsvc.memories.model import ListQuery, NewMemory, Scope, Sharing
+from memsvc.memories.normalize import normalize_content
+from memsvc.v1 import memory_pb2 as pb
+
+DEFAULT_EXPLICIT_CONFIDENCE = 0.9
+MAX_TRIPLE_CHARS = 200
+# Timestamps outside this range are almost always unit mistakes (ms sent as s, or zero).
+_MIN_TS = datetime(1900, 1, 1, tzinfo=UTC)
+_MAX_TS = datetime(2200, 1, 1, tzinfo=UTC)
+
+
+def _has_control(text: str, *, allow_newlines: bool) -> bool:
+    for ch in text:
+        if allow_newlines and ch in "\n\r\t":
+            continue
+        if unicodedata.category(ch) in ("Cc", "Cs"):
+            return True
+    return False
+
+
+def identifier(value: str, field: str, settings: Settings, *, required: bool) -> str:
+    """An id-like field: trimmed-equal, bounded, printable."""
+    if not value:
+        if required:
+            raise InvalidArgument(f"{field}: required")
+        return ""
+    if len(value) > settings.max_id_chars:
+        raise InvalidArgument(f"{field}: at most {settings.max_id_chars} characters")
+    if value != value.strip():
+        raise InvalidArgument(f"{field}: must not start or end with whitespace")
+    if _has_control(value, allow_newlines=False):
+        raise InvalidArgument(f"{field}: must not contain control characters")
+    return value
+
+
+def scope(msg: pb.Scope, tenant_id: str, settings: Settings, *, present: bool = True) -> Scope:
+    """The caller's exact scope; user_id is required, the tenant comes from credentials."""
+    if not present:
+        raise InvalidArgument("scope: required (scope.user_id at least)")
+    return Scope(
+        tenant_id=tenant_id,
+        user_id=identifier(msg.user_id, "scope.user_id", settings, required=True),
+        persona_id=identifier(msg.persona_id, "scope.persona_id", settings, required=False),
+        agent_id=identifier(msg.agent_id, "scope.agent_id", settings, required=False),
+    )
+
+
+def content(value: str, field: str, settings: Settings) -> str:
+    """Free text of a memory: non-empty, bounded, no control characters but line breaks."""
+    text = normalize_content(value)
+    if not text:
+        raise InvalidArgument(f"{field}: required and must not be blank")
+    if len(text) > settings.max_content_chars:
+        raise InvalidArgument(f"{field}: at most {settings.max_content_chars} characters")
+    if _has_control(text, allow_newlines=True):
+        raise InvalidArgument(f"{field}: must not contain control characters")
+    return text
+
+
+def vocabulary(value: str, field: str, allowed: tuple[str, ...], default: str) -> str:
+    """A value of a closed vocabulary (case-insensitive), or the default when empty."""
+    if not value:
+        return default
+    normalized = value.strip().lower()
+    if normalized not in allowed:
+        raise InvalidArgument(f"{field}: unknown value {value[:40]!r}; one of {', '.join(allowed)}")
+    return normalized
+
+
+def confidence(value: float) -> float:
+    if math.isnan(value) or value < 0.0 or value > 1.0:
+        raise InvalidArgument("confidence: must be between 0 and 1")
+    return value if value > 0.0 else DEFAULT_EXPLICIT_CONFIDENCE
+
+
+def short_text(value: str, field: str, limit: int) -> str:
+    if len(value) > limit:
+        raise InvalidArgument(f"{field}: at most {limit} characters")
+    if _has_control(value, allow_newlines=False):
+        raise InvalidArgument(f"{field}: must not contain control characters")
+    return value.strip()
+
+
+def id_list(values: Iterable[str], field: str, settings: Settings, limit: int) -> tuple[str, ...]:
+    items = list(values)
+    if len(items) > limit:
+        raise InvalidArgument(f"{field}: at most {limit} entries")
+    return tuple(identifier(v, f"{field}[{i}]", settings, required=True) for i, v in enumerate(items))
+
+
+def memory_id(value: str, field: str = "memory_id") -> uuid.UUID:
+    if not value:
+        raise InvalidArgument(f"{field}: required")
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise InvalidArgument(f"{field}: {value[:60]!r} is not a memory id (a UUID)") from None
+
+
+def timestamp(ts: Timestamp, field: str) -> datetime:
+    if not 0 <= ts.nanos < 1_000_000_000:
+        raise InvalidArgument(f"{field}: nanos out of range")
+    try:
+        value = datetime.fromtimestamp(ts.seconds + ts.nanos / 1e9, tz=UTC)
+    except (OverflowError, OSError, ValueError):
+        raise InvalidArgument(f"{field}: out of range") from None
+    if not _MIN_TS <= value <= _MAX_TS:
+        raise InvalidArgument(f"{field}: must be between 1900 and 2200")
+    return value
+
+
+def remember(request: pb.RememberRequest, settings: Settings) -> NewMemory:
+    return NewMemory(
+        content=content(request.content, "content", settings),
+        category=vocabulary(request.category, "category", settings.categories, "context"),
+        role=vocabulary(request.role, "role", settings.roles, "context"),
+        confidence=confidence(request.confidence),
+        pinned=request.pinned,
+        subject=short_text(request.subject, "subject", MAX_TRIPLE_CHARS),
+        predicate=short_text(request.predicate, "predicate", MAX_TRIPLE_CHARS),
+        object=short_text(request.object, "object", MAX_TRIPLE_CHARS),
+        source_message_ids=id_list(
+            request.source_message_ids, "source_message_ids", settings, settings.max_source_ids
+        ),
+        session_id=identifier(request.session_id, "session_id", settings, required=False),
+        sharing=Sharing(request.sharing.all_agents, request.sharing.all_personas),
+        valid_from=(
+            timestamp(request.valid_from, "valid_from") if request.HasField("valid_from") else None
+        ),
+    )
+
+
+def encode_page_token(after: tuple[datetime, uuid.UUID]) -> str:
+    raw = orjson.dumps([after[0].isoformat(), str(after[1])])
+    return base64.urlsafe_b64encode(raw).decode("ascii")
+
+
+def decode_page_token(token: str) -> tuple[datetime, uuid.UUID]:
+    try:
+        recorded_at, memory_id_text = orjson.loads(base64.urlsafe_b64decode(token.encode()))
+        return datetime.fromisoformat(recorded_at), uuid.UUID(memory_id_text)
+    except (binascii.Error, orjson.JSONDecodeError, ValueError, TypeError, UnicodeError):
+        raise InvalidArgument("page_token: not a token returned by ListMemories") from None
+
+
+def list_query(request: pb.ListMemoriesRequest, settings: Settings) -> ListQuery:
+    if request.page_size < 0 or request.page_size > settings.max_page_size:
+        raise InvalidArgument(f"page_size: between 1 and {settings.max_page_size} (0: default)")
+    filters = request.filters
+    return ListQuery(
+        page_size=request.page_size or settings.default_page_size,
+        include_superseded=request.include_superseded,
+        categories=tuple(
+            vocabulary(c, "filters.categories", settings.categories, "") for c in filters.categories
+        ),
+        roles=tuple(vocabulary(r, "filters.roles", settings.roles, "") for r in filters.roles),
+        pinned_only=filters.pinned_only,
+        session_id=identifier(filters.session_id, "filters.session_id", settings, required=False),
+        after=decode_page_token(request.page_token) if request.page_token else None,
+    )

@@ -1,0 +1,1 @@
+"""PostgreSQL storage: migrations, the connection pool and one repository per tier."""

@@ -1,0 +1,253 @@
+"""SQL for the memories table. Every statement filters on tenant and user first."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import asyncpg
+import numpy as np
+
+from memsvc.memories.model import ListQuery, MemoryRecord, NewMemory, Page, Scope, Sharing
+
+# Visible from a scope: rows written in exactly that scope, plus rows of the same user that
+# were explicitly shared across agents and/or personas. $1..$4 are tenant, user, persona, agent.
+_VISIBLE = """
+    tenant_id = $1 AND user_id = $2
+    AND (persona_id = $3 OR shared_all_personas)
+    AND (agent_id = $4 OR shared_all_agents)
+"""
+
+_COLUMNS = """
+    tenant_id, user_id, persona_id, agent_id, shared_all_agents, shared_all_personas,
+    memory_id, lineage_id, content, subject, predicate, object, category, role, confidence,
+    reinforced_count, pinned, valid_from, invalid_at, recorded_at, supersedes_id,
+    superseded_by_id, source_message_ids, session_id, origin, correction_reason, status
+"""
+
+
+def _scope_args(scope: Scope) -> tuple[str, str, str, str]:
+    return (scope.tenant_id, scope.user_id, scope.persona_id, scope.agent_id)
+
+
+def record_from_row(row: asyncpg.Record) -> MemoryRecord:
+    """Turn a row selected with _COLUMNS into a MemoryRecord."""
+    return MemoryRecord(
+        scope=Scope(row["tenant_id"], row["user_id"], row["persona_id"], row["agent_id"]),
+        memory_id=row["memory_id"],
+        lineage_id=row["lineage_id"],
+        content=row["content"],
+        subject=row["subject"],
+        predicate=row["predicate"],
+        object=row["object"],
+        category=row["category"],
+        role=row["role"],
+        confidence=float(row["confidence"]),
+        reinforced_count=row["reinforced_count"],
+        pinned=row["pinned"],
+        valid_from=row["valid_from"],
+        invalid_at=row["invalid_at"],
+        recorded_at=row["recorded_at"],
+        supersedes_id=row["supersedes_id"],
+        superseded_by_id=row["superseded_by_id"],
+        source_message_ids=tuple(row["source_message_ids"]),
+        session_id=row["session_id"],
+        origin=row["origin"],
+        correction_reason=row["correction_reason"],
+        status=row["status"],
+        sharing=Sharing(row["shared_all_agents"], row["shared_all_personas"]),
+    )
+
+
+async def find_active_duplicate(
+    conn: asyncpg.Connection, scope: Scope, content_hash: bytes
+) -> uuid.UUID | None:
+    """The active memory with exactly this content in exactly this scope, if any."""
+    value: uuid.UUID | None = await conn.fetchval(
+        "SELECT memory_id FROM memories WHERE tenant_id = $1 AND user_id = $2"
+        " AND persona_id = $3 AND agent_id = $4 AND content_hash = $5 AND invalid_at IS NULL",
+        *_scope_args(scope),
+        content_hash,
+    )
+    return value
+
+
+async def insert_or_reinforce(
+    conn: asyncpg.Connection,
+    scope: Scope,
+    memory: NewMemory,
+    *,
+    content_hash: bytes,
+    embedding: np.ndarray | None,
+    embedding_model: str,
+    memory_id: uuid.UUID | None = None,
+    lineage_id: uuid.UUID | None = None,
+    supersedes_id: uuid.UUID | None = None,
+    correction_reason: str = "",
+) -> tuple[MemoryRecord, bool]:
+    """Insert a memory, or reinforce the identical active one (race-free via the unique index).
+
+    Returns the row and True when an existing memory was reinforced.
+    """
+    memory_id = memory_id or uuid.uuid4()
+    row = await conn.fetchrow(
+        f"""
+        INSERT INTO memories (
+            tenant_id, user_id, persona_id, agent_id, shared_all_agents, shared_all_personas,
+            memory_id, lineage_id, content, content_hash, subject, predicate, object,
+            category, role, confidence, pinned, valid_from, supersedes_id,
+            source_message_ids, session_id, origin, correction_reason,
+            embedding, embedding_model, embedding_state)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
+                coalesce($18, now()), $19, $20, $21, $22, $23, $24, $25, $26)
+        ON CONFLICT (tenant_id, user_id, persona_id, agent_id, content_hash)
+            WHERE invalid_at IS NULL
+        DO UPDATE SET
+            reinforced_count = memories.reinforced_count + 1,
+            last_reinforced_at = now(),
+            confidence = greatest(memories.confidence, EXCLUDED.confidence),
+            pinned = memories.pinned OR EXCLUDED.pinned,
+            shared_all_agents = memories.shared_all_agents OR EXCLUDED.shared_all_agents,
+            shared_all_personas = memories.shared_all_personas OR EXCLUDED.shared_all_personas,
+            source_message_ids = ARRAY(
+                SELECT DISTINCT unnest(memories.source_message_ids || EXCLUDED.source_message_ids)
+                ORDER BY 1)
+        RETURNING {_COLUMNS}, (xmax <> 0) AS reinforced
+        """,
+        *_scope_args(scope),
+        memory.sharing.all_agents,
+        memory.sharing.all_personas,
+        memory_id,
+        lineage_id or memory_id,
+        memory.content,
+        content_hash,
+        memory.subject,
+        memory.predicate,
+        memory.object,
+        memory.category,
+        memory.role,
+        memory.confidence,
+        memory.pinned,
+        memory.valid_from,
+        supersedes_id,
+        list(memory.source_message_ids),
+        memory.session_id,
+        memory.origin,
+        correction_reason,
+        embedding,
+        embedding_model if embedding is not None else "",
+        "ok" if embedding is not None else "missing",
+    )
+    assert row is not None
+    return record_from_row(row), bool(row["reinforced"])
+
+
+async def get_visible(
+    conn: asyncpg.Connection, scope: Scope, memory_id: uuid.UUID, *, for_update: bool = False
+) -> MemoryRecord | None:
+    """One memory visible from the scope (any status), optionally row-locked."""
+    lock = " FOR UPDATE" if for_update else ""
+    row = await conn.fetchrow(
+        f"SELECT {_COLUMNS} FROM memories WHERE {_VISIBLE} AND memory_id = $5{lock}",
+        *_scope_args(scope),
+        memory_id,
+    )
+    return record_from_row(row) if row is not None else None
+
+
+async def mark_superseded(
+    conn: asyncpg.Connection, old: MemoryRecord, new_id: uuid.UUID
+) -> None:
+    """Close the validity of an old version: it stays for history but stops matching reads."""
+    await conn.execute(
+        "UPDATE memories SET invalid_at = now(), status = 'superseded', superseded_by_id = $4"
+        " WHERE tenant_id = $1 AND user_id = $2 AND memory_id = $3",
+        old.scope.tenant_id,
+        old.scope.user_id,
+        old.memory_id,
+        new_id,
+    )
+
+
+async def lineage(conn: asyncpg.Connection, scope: Scope, lineage_id: uuid.UUID) -> list[MemoryRecord]:
+    """Every version of one memory, oldest first."""
+    rows = await conn.fetch(
+        f"SELECT {_COLUMNS} FROM memories WHERE {_VISIBLE} AND lineage_id = $5"
+        " ORDER BY recorded_at, memory_id",
+        *_scope_args(scope),
+        lineage_id,
+    )
+    return [record_from_row(r) for r in rows]
+
+
+async def list_page(conn: asyncpg.Connection, scope: Scope, query: ListQuery) -> Page:
+    """One page of the scope's memories, newest first, with a keyset cursor."""
+    clauses = [_VISIBLE]
+    args: list[Any] = list(_scope_args(scope))
+
+    def arg(value: Any) -> str:
+        args.append(value)
+        return f"${len(args)}"
+
+    if not query.include_superseded:
+        clauses.append("invalid_at IS NULL")
+    if query.categories:
+        clauses.append(f"category = ANY({arg(list(query.categories))}::text[])")
+    if query.roles:
+        clauses.append(f"role = ANY({arg(list(query.roles))}::text[])")
+    if query.pinned_only:
+        clauses.append("pinned")
+    if query.session_id:
+        clauses.append(f"session_id = {arg(query.session_id)}")
+    if query.after is not None:
+        recorded_at, memory_id = query.after
+        clauses.append(f"(recorded_at, memory_id) < ({arg(recorded_at)}, {arg(memory_id)})")
+    limit = arg(query.page_size + 1)
+    rows = await conn.fetch(
+        f"SELECT {_COLUMNS} FROM memories WHERE {' AND '.join(clauses)}"
+        f" ORDER BY recorded_at DESC, memory_id DESC LIMIT {limit}",
+        *args,
+    )
+    records = [record_from_row(r) for r in rows[: query.page_size]]
+    next_after = None
+    if len(rows) > query.page_size and records:
+        next_after = (records[-1].recorded_at, records[-1].memory_id)
+    return Page(records, next_after)
+
+
+async def visible_lineages(
+    conn: asyncpg.Connection, scope: Scope, memory_ids: Sequence[uuid.UUID]
+) -> dict[uuid.UUID, uuid.UUID]:
+    """memory_id -> lineage_id for the ids visible from the scope (missing ids are absent)."""
+    rows = await conn.fetch(
+        f"SELECT memory_id, lineage_id FROM memories WHERE {_VISIBLE}"
+        " AND memory_id = ANY($5::uuid[])",
+        *_scope_args(scope),
+        list(memory_ids),
+    )
+    return {r["memory_id"]: r["lineage_id"] for r in rows}
+
+
+async def delete_lineages(
+    conn: asyncpg.Connection, scope: Scope, lineage_ids: Sequence[uuid.UUID]
+) -> int:
+    """Hard-delete every version of the given memories (derived rows cascade)."""
+    result: str = await conn.execute(
+        "DELETE FROM memories WHERE tenant_id = $1 AND user_id = $2"
+        " AND lineage_id = ANY($3::uuid[])",
+        scope.tenant_id,
+        scope.user_id,
+        list(lineage_ids),
+    )
+    return int(result.split()[-1])
+
+
+async def delete_scope(conn: asyncpg.Connection, scope: Scope) -> int:
+    """Hard-delete every memory written in exactly this scope, all versions."""
+    result: str = await conn.execute(
+        "DELETE FROM memories WHERE tenant_id = $1 AND user_id = $2"
+        " AND persona_id = $3 AND agent_id = $4",
+        *_scope_args(scope),
+    )
+    return int(result.split()[-1])
