@@ -1,0 +1,433 @@
+"""Tests for memsvc.embedding: the real ONNX model, the HTTP embedder against a local server."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+
+from memsvc.embedding import Embedder, EmbeddingError
+from memsvc.embedding import assets as assets_module
+from memsvc.embedding.assets import AssetError
+from memsvc.embedding.base import EmbeddingTimeout
+from memsvc.embedding.factory import build_embedder
+from memsvc.embedding.fake import DeterministicFakeEmbedder
+from memsvc.embedding.onnx_minilm import OnnxMiniLMEmbedder
+from memsvc.embedding.openai_http import OpenAIHTTPEmbedder
+
+API_KEY = "sk-test-0123456789-secret"
+
+
+# --- the real ONNX model -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+async def onnx() -> AsyncIterator[OnnxMiniLMEmbedder]:
+    embedder = OnnxMiniLMEmbedder()
+    yield embedder
+    await embedder.aclose()
+
+
+async def test_onnx_semantics(onnx: OnnxMiniLMEmbedder) -> None:
+    vectors = await onnx.embed(["I am a vegetarian", "I don't eat meat", "The stock market fell"])
+    assert vectors.shape == (3, 384)
+    assert vectors.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    similar = float(vectors[0] @ vectors[1])
+    dissimilar = float(vectors[0] @ vectors[2])
+    assert similar > 0.5
+    assert dissimilar < 0.25
+    assert similar - dissimilar > 0.3
+
+
+async def test_onnx_batch_equals_single(onnx: OnnxMiniLMEmbedder) -> None:
+    texts = [
+        "My daughter's name is Alice.",
+        "hi",
+        "Remind me that the dentist appointment moved to Thursday at three in the afternoon.",
+        "",
+    ]
+    batch = await onnx.embed(texts)
+    singles = np.vstack([await onnx.embed([text]) for text in texts])
+    np.testing.assert_allclose(batch, singles, atol=1e-5)
+
+
+async def test_onnx_identity_and_protocol(onnx: OnnxMiniLMEmbedder) -> None:
+    assert onnx.model_id == "all-MiniLM-L6-v2-onnx-int8"
+    assert onnx.dimension == 384
+    assert isinstance(onnx, Embedder)
+
+
+async def test_onnx_empty_input(onnx: OnnxMiniLMEmbedder) -> None:
+    vectors = await onnx.embed([])
+    assert vectors.shape == (0, 384)
+    assert vectors.dtype == np.float32
+
+
+async def test_onnx_rejects_bare_string(onnx: OnnxMiniLMEmbedder) -> None:
+    with pytest.raises(TypeError):
+        await onnx.embed("not a list")
+
+
+async def test_onnx_truncates_long_text(onnx: OnnxMiniLMEmbedder) -> None:
+    # Well past 256 tokens: must be truncated, not rejected by the model.
+    vectors = await onnx.embed(["memory " * 2000])
+    assert vectors.shape == (1, 384)
+    assert np.isfinite(vectors).all()
+
+
+async def test_onnx_timeout_frees_the_worker(onnx: OnnxMiniLMEmbedder) -> None:
+    long_batch = ["the quick brown fox jumps over the lazy dog " * 40] * 64
+    with pytest.raises(EmbeddingTimeout):
+        await onnx.embed(long_batch, timeout_s=1e-6)
+    # The abandoned run (seconds of work) must be stopped, not left holding the
+    # single worker thread in front of the next query.
+    started = time.perf_counter()
+    vectors = await onnx.embed(["what is my dog's name?"], timeout_s=5.0)
+    assert vectors.shape == (1, 384)
+    assert time.perf_counter() - started < 2.0
+
+
+async def test_onnx_closed_embedder_raises() -> None:
+    embedder = await OnnxMiniLMEmbedder.create(warmup=False)
+    await embedder.aclose()
+    await embedder.aclose()  # idempotent
+    with pytest.raises(EmbeddingError):
+        await embedder.embed(["hello"])
+
+
+def test_missing_tokenizer_is_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(assets_module, "tokenizer_path", lambda: tmp_path / "tokenizer.json")
+    with pytest.raises(AssetError, match="make install"):
+        assets_module.default_tokenizer_path()
+    with pytest.raises(AssetError, match="tokenizer"):
+        OnnxMiniLMEmbedder(tokenizer_path=tmp_path / "absent.json")
+
+
+def test_installed_tokenizer_matches_pin() -> None:
+    assert assets_module.tokenizer_is_installed()
+
+
+# --- the OpenAI-compatible HTTP embedder, against a local server ----------------------
+
+
+Reply = tuple[int, bytes]
+
+
+@dataclass
+class FakeOpenAI:
+    """State shared between a test and its local HTTP server thread."""
+
+    reply: Callable[[dict[str, Any]], Reply]
+    chunked: bool = False
+    delay_s: float = 0.0
+    requests: list[tuple[str, dict[str, str], dict[str, Any]]] = field(default_factory=list)
+    connections: int = 0
+    release: threading.Event = field(default_factory=threading.Event)
+    base_url: str = ""
+
+
+def embeddings_reply(dimension: int, *, reverse: bool = True) -> Callable[[dict[str, Any]], Reply]:
+    """A reply with vector i = (i+1) * e_i (unnormalised), listed in reverse index order."""
+
+    def reply(request: dict[str, Any]) -> Reply:
+        data = []
+        for index, _ in enumerate(request["input"]):
+            vector = [0.0] * dimension
+            vector[index % dimension] = float(index + 1)
+            data.append({"object": "embedding", "index": index, "embedding": vector})
+        if reverse:
+            data.reverse()
+        return 200, orjson.dumps({"object": "list", "data": data, "model": request["model"]})
+
+    return reply
+
+
+def _handler_for(state: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def setup(self) -> None:
+            state.connections += 1
+            super().setup()
+
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            request = orjson.loads(body)
+            state.requests.append((self.path, dict(self.headers.items()), request))
+            if state.delay_s:
+                state.release.wait(state.delay_s)
+            status, payload = state.reply(request)
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            if state.chunked:
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                for start in range(0, len(payload), 1000):
+                    piece = payload[start : start + 1000]
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                self.wfile.write(b"0\r\n\r\n")
+            else:
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    return Handler
+
+
+class _QuietServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # Writing to a client that gave up (the timeout tests) is expected here.
+        pass
+
+
+@pytest.fixture
+def fake_openai() -> Iterator[FakeOpenAI]:
+    state = FakeOpenAI(reply=embeddings_reply(8))
+    server = _QuietServer(("127.0.0.1", 0), _handler_for(state))
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    state.base_url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    try:
+        yield state
+    finally:
+        state.release.set()
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+@pytest.fixture
+async def http_embedder(fake_openai: FakeOpenAI) -> AsyncIterator[OpenAIHTTPEmbedder]:
+    embedder = OpenAIHTTPEmbedder(
+        base_url=fake_openai.base_url, model="test-embed", dimension=8, api_key=API_KEY
+    )
+    yield embedder
+    await embedder.aclose()
+
+
+async def test_http_embeds_in_index_order(
+    fake_openai: FakeOpenAI, http_embedder: OpenAIHTTPEmbedder
+) -> None:
+    vectors = await http_embedder.embed(["a", "b", "c"])
+    assert vectors.shape == (3, 8)
+    assert vectors.dtype == np.float32
+    np.testing.assert_allclose(vectors, np.eye(8, dtype=np.float32)[:3])
+    path, headers, request = fake_openai.requests[0]
+    assert path == "/v1/embeddings"
+    assert request == {"model": "test-embed", "input": ["a", "b", "c"]}
+    assert headers["Authorization"] == f"Bearer {API_KEY}"
+    assert headers["Content-Type"] == "application/json"
+
+
+async def test_http_api_key_not_in_repr(http_embedder: OpenAIHTTPEmbedder) -> None:
+    assert API_KEY not in repr(http_embedder)
+    assert "test-embed" in repr(http_embedder)
+
+
+async def test_http_reuses_keepalive_connection(
+    fake_openai: FakeOpenAI, http_embedder: OpenAIHTTPEmbedder
+) -> None:
+    for _ in range(3):
+        await http_embedder.embed(["x"])
+    assert fake_openai.connections == 1
+
+
+async def test_http_chunked_reply(
+    fake_openai: FakeOpenAI, http_embedder: OpenAIHTTPEmbedder
+) -> None:
+    fake_openai.chunked = True
+    vectors = await http_embedder.embed([f"text {i}" for i in range(8)])
+    np.testing.assert_allclose(vectors, np.eye(8, dtype=np.float32))
+    assert fake_openai.connections == 1
+
+
+async def test_http_wrong_dimension(
+    fake_openai: FakeOpenAI, http_embedder: OpenAIHTTPEmbedder
+) -> None:
+    fake_openai.reply = embeddings_reply(16)
+    with pytest.raises(EmbeddingError, match="16-dimensional") as info:
+        await http_embedder.embed(["a"])
+    assert "configured for 8" in str(info.value)
+
+
+async def test_http_server_error(
+    fake_openai: FakeOpenAI, http_embedder: OpenAIHTTPEmbedder
+) -> None:
+    fake_openai.reply = lambda request: (500, b'{"error": {"message": "model crashed"}}')
+    with pytest.raises(EmbeddingError, match="HTTP 500: model crashed") as info:
+        await http_embedder.embed(["a"])
+    assert not isinstance(info.value, EmbeddingTimeout)
+
+
+async def test_http_error_never_echoes_the_key(
+    fake_openai: FakeOpenAI, http_embedder: OpenAIHTTPEmbedder
+) -> None:
+    body = orjson.dumps({"error": {"message": f"Incorrect API key provided: {API_KEY}"}})
+    fake_openai.reply = lambda request: (401, body)
+    with pytest.raises(EmbeddingError, match="HTTP 401") as info:
+        await http_embedder.embed(["a"])
+    assert API_KEY not in str(info.value)
+
+
+async def test_http_wrong_count_and_bad_json(
+    fake_openai: FakeOpenAI, http_embedder: OpenAIHTTPEmbedder
+) -> None:
+    fake_openai.reply = lambda request: (200, orjson.dumps({"data": []}))
+    with pytest.raises(EmbeddingError, match="0 items for 2 inputs"):
+        await http_embedder.embed(["a", "b"])
+    fake_openai.reply = lambda request: (200, b"<html>not json</html>")
+    with pytest.raises(EmbeddingError, match="invalid JSON"):
+        await http_embedder.embed(["a"])
+
+
+async def test_http_timeout(fake_openai: FakeOpenAI) -> None:
+    fake_openai.delay_s = 5.0
+    embedder = OpenAIHTTPEmbedder(base_url=fake_openai.base_url, model="m", dimension=8)
+    try:
+        started = time.perf_counter()
+        with pytest.raises(EmbeddingTimeout) as info:
+            await embedder.embed(["slow"], timeout_s=0.1)
+        assert time.perf_counter() - started < 2.0
+        assert isinstance(info.value.__cause__, TimeoutError)
+        # The configured timeout also caps calls that pass none.
+        short = OpenAIHTTPEmbedder(
+            base_url=fake_openai.base_url, model="m", dimension=8, timeout_s=0.1
+        )
+        with pytest.raises(EmbeddingTimeout):
+            await short.embed(["slow"])
+        await short.aclose()
+    finally:
+        await embedder.aclose()
+
+
+async def test_http_connection_refused() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    embedder = OpenAIHTTPEmbedder(base_url=f"http://127.0.0.1:{port}", model="m", dimension=8)
+    with pytest.raises(EmbeddingError) as info:
+        await embedder.embed(["a"])
+    assert isinstance(info.value.__cause__, OSError)
+    await embedder.aclose()
+
+
+async def test_http_empty_input_sends_nothing(
+    fake_openai: FakeOpenAI, http_embedder: OpenAIHTTPEmbedder
+) -> None:
+    vectors = await http_embedder.embed([])
+    assert vectors.shape == (0, 8)
+    assert fake_openai.requests == []
+
+
+async def test_http_retries_a_stale_keepalive_connection() -> None:
+    """A server that drops an idle keep-alive connection must cost a retry, not an error."""
+    answered: list[int] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connection = len(answered)
+        answered.append(0)
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    int(line.split(b":", 1)[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                )
+                request = orjson.loads(await reader.readexactly(length))
+                if connection == 0 and answered[0] == 1:
+                    return  # close the reused connection without answering
+                answered[connection] += 1
+                _, payload = embeddings_reply(4)(request)
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(payload), payload)
+                )
+                await writer.drain()
+        except asyncio.IncompleteReadError:
+            return
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    embedder = OpenAIHTTPEmbedder(base_url=f"http://127.0.0.1:{port}", model="m", dimension=4)
+    try:
+        first = await embedder.embed(["a"])
+        second = await embedder.embed(["b"])
+        np.testing.assert_allclose(first, second)
+        assert answered == [1, 1]
+    finally:
+        await embedder.aclose()
+        server.close()
+        await server.wait_closed()
+
+
+def test_http_rejects_bad_configuration() -> None:
+    with pytest.raises(ValueError):
+        OpenAIHTTPEmbedder(base_url="ftp://example.invalid", model="m", dimension=8)
+    with pytest.raises(ValueError):
+        OpenAIHTTPEmbedder(base_url="http://user:pw@example.invalid", model="m", dimension=8)
+    with pytest.raises(ValueError) as info:
+        OpenAIHTTPEmbedder(
+            base_url="http://example.invalid", model="m", dimension=8, api_key="sk-x\r\nX: y"
+        )
+    assert "sk-x" not in str(info.value)
+
+
+def test_http_endpoint_paths() -> None:
+    bare = OpenAIHTTPEmbedder(base_url="http://localhost:8080", model="m", dimension=8)
+    assert "http://localhost:8080/v1/embeddings" in repr(bare)
+    prefixed = OpenAIHTTPEmbedder(
+        base_url="https://api.example.invalid/openai/v1/", model="m", dimension=8
+    )
+    assert "https://api.example.invalid/openai/v1/embeddings" in repr(prefixed)
+
+
+# --- the fake and the factory ---------------------------------------------------------
+
+
+async def test_fake_is_deterministic_bag_of_words() -> None:
+    fake = DeterministicFakeEmbedder(dimension=64)
+    vectors = await fake.embed(["Red apple pie", "red apple", "zebra crossing"])
+    again = await DeterministicFakeEmbedder(dimension=64).embed(["Red apple pie"])
+    np.testing.assert_array_equal(vectors[0], again[0])
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-6)
+    assert float(vectors[0] @ vectors[1]) > float(vectors[0] @ vectors[2])
+    assert isinstance(fake, Embedder)
+    await fake.aclose()
+
+
+async def test_factory_builds_each_kind() -> None:
+    http = build_embedder(
+        "openai", base_url="http://127.0.0.1:1", model="m", dimension=8, api_key=API_KEY
+    )
+    assert isinstance(http, OpenAIHTTPEmbedder)
+    assert http.dimension == 8
+    local = build_embedder("onnx", intra_op_threads=1)
+    assert isinstance(local, OnnxMiniLMEmbedder)
+    await local.aclose()
+
+
+def test_factory_rejects_unknown_and_incomplete() -> None:
+    with pytest.raises(ValueError, match="unknown embedder kind"):
+        build_embedder("fake")
+    with pytest.raises(ValueError, match="dimension"):
+        build_embedder("openai", base_url="http://127.0.0.1:1", model="m")
