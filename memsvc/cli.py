@@ -62,7 +62,10 @@ def _parser() -> argparse.ArgumentParser:
 def _require_external(settings: Settings) -> None:
     missing = [
         name
-        for name, value in (("MEMSVC_PG_DSN", settings.pg_dsn), ("MEMSVC_REDIS_URL", settings.redis_url))
+        for name, value in (
+            ("MEMSVC_PG_DSN", settings.pg_dsn),
+            ("MEMSVC_REDIS_URL", settings.redis_url),
+        )
         if not value
     ]
     if missing:

@@ -31,7 +31,7 @@ class PacketInvalidator:
         index = user_index_key(tenant_id, user_id)
         try:
             async with asyncio.timeout(self._timeout_s):
-                keys: set[bytes] = await self._client.smembers(index)  # type: ignore[misc]
+                keys: set[bytes | str] = await self._client.smembers(index)
                 deleted: int = await self._client.unlink(index, *keys)
                 return deleted
         except (RedisError, OSError, TimeoutError) as exc:

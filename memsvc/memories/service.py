@@ -50,9 +50,7 @@ class MemoryService:
         except TimeoutError:
             if budget.expired:
                 raise
-            raise ResourceExhausted(
-                "every database connection is busy; retry shortly"
-            ) from None
+            raise ResourceExhausted("every database connection is busy; retry shortly") from None
         try:
             yield conn
         finally:
@@ -62,7 +60,9 @@ class MemoryService:
         """The text's embedding, or None when the embedder failed (the row is marked missing
         and repaired later; the memory is still found by the lexical leg meanwhile)."""
         try:
-            vectors = await self._embedder.embed([text], timeout_s=budget.cap(self._embed_timeout_s))
+            vectors = await self._embedder.embed(
+                [text], timeout_s=budget.cap(self._embed_timeout_s)
+            )
         except EmbeddingError as exc:
             log.warning("embedding failed, storing the memory unembedded: %s", type(exc).__name__)
             return None
@@ -173,7 +173,7 @@ class MemoryService:
         await self._invalidator.drop_user(scope.tenant_id, scope.user_id)
         return deleted
 
-    async def list(self, scope: Scope, query: ListQuery, budget: Budget) -> Page:
+    async def list_page(self, scope: Scope, query: ListQuery, budget: Budget) -> Page:
         async with self._connection(budget) as conn:
             return await store.list_page(conn, scope, query)
 
@@ -186,4 +186,3 @@ class MemoryService:
             if record is None:
                 raise NotFound(f"memory {memory_id} not found in this scope")
             return await store.lineage(conn, scope, record.lineage_id)
-

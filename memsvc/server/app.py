@@ -1,4 +1,4 @@
-"""Server lifecycle: build the dependencies, serve gRPC with health and reflection, stop gracefully."""
+"""Server lifecycle: dependencies, gRPC with health and reflection, graceful stop."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import asyncpg
 import grpc
 import redis.asyncio as aioredis
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer as AsyncHealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from memsvc.cache.invalidation import PacketInvalidator
@@ -50,7 +51,7 @@ class MemsvcServer:
         self._embedder = embedder
         self._stack = AsyncExitStack()
         self._server: grpc.aio.Server | None = None
-        self._health: health.aio.HealthServicer | None = None
+        self._health: AsyncHealthServicer | None = None
         self.pool: asyncpg.Pool | None = None
         self.port: int = 0
 
@@ -68,14 +69,17 @@ class MemsvcServer:
                 socket_connect_timeout=settings.redis_timeout_ms / 1000,
             )
             self._stack.push_async_callback(redis_client.aclose)
-            embedder = self._embedder or embedder_from_settings(settings)
+            embedder: Embedder
+            if self._embedder is not None:
+                embedder = self._embedder
+            else:
+                embedder = await asyncio.to_thread(embedder_from_settings, settings)
+                self._stack.push_async_callback(embedder.aclose)
             if embedder.dimension != settings.embedding_dim:
                 raise ValueError(
                     f"the embedder produces {embedder.dimension} dimensions but "
                     f"MEMSVC_EMBEDDING_DIM is {settings.embedding_dim}"
                 )
-            if self._embedder is None:
-                self._stack.push_async_callback(embedder.aclose)
             memories = MemoryService(
                 self.pool,
                 embedder,
@@ -99,7 +103,7 @@ class MemsvcServer:
             memory_pb2_grpc.add_MemoryServiceServicer_to_server(
                 MemoryServicer(settings, auth, memories), server
             )
-            health_servicer = health.aio.HealthServicer()
+            health_servicer = AsyncHealthServicer()
             health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
             reflection.enable_server_reflection(
                 (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server

@@ -1,4 +1,4 @@
-"""Caller authentication: API key in call metadata -> tenant. The tenant never comes from a field."""
+"""Caller authentication: API key in metadata -> tenant; never from a request field."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from memsvc.errors import (
 )
 from memsvc.memories.service import MemoryService
 from memsvc.server import convert, validate
-from memsvc.server.auth import Authenticator
+from memsvc.server.auth import Authenticator, Metadata
 from memsvc.storage.errors import map_db_error
 from memsvc.v1 import memory_pb2 as pb
 from memsvc.v1 import memory_pb2_grpc as pb_grpc
@@ -41,12 +41,14 @@ def to_memsvc_error(exc: Exception) -> MemsvcError | None:
     return map_db_error(exc)
 
 
+def _metadata(context: Context) -> Metadata:
+    return tuple((key, value) for key, value in context.invocation_metadata() or ())
+
+
 class MemoryServicer(pb_grpc.MemoryServiceServicer):
     """The gRPC face of memsvc. No exception leaves a handler unmapped."""
 
-    def __init__(
-        self, settings: Settings, auth: Authenticator, memories: MemoryService
-    ) -> None:
+    def __init__(self, settings: Settings, auth: Authenticator, memories: MemoryService) -> None:
         self._settings = settings
         self._auth = auth
         self._memories = memories
@@ -61,7 +63,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     ) -> Reply:
         error: MemsvcError
         try:
-            tenant = await self._auth.tenant(context.invocation_metadata() or ())
+            tenant = await self._auth.tenant(_metadata(context))
             budget = Budget.from_remaining(
                 context.time_remaining(),
                 default_ms=default_deadline_ms,
@@ -108,9 +110,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             )
             memory_id = validate.memory_id(request.memory_id)
             new_content = validate.content(request.new_content, "new_content", self._settings)
-            reason = validate.short_text(
-                request.reason, "reason", self._settings.max_reason_chars
-            )
+            reason = validate.short_text(request.reason, "reason", self._settings.max_reason_chars)
             record = await self._memories.correct(scope, memory_id, new_content, reason, budget)
             return convert.memory(record)
 
@@ -125,9 +125,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             )
             chosen = sum([bool(request.memory_ids), request.all_in_scope, request.erase_user])
             if chosen != 1:
-                raise InvalidArgument(
-                    "set exactly one of memory_ids, all_in_scope or erase_user"
-                )
+                raise InvalidArgument("set exactly one of memory_ids, all_in_scope or erase_user")
             if len(request.memory_ids) > self._settings.max_forget_ids:
                 raise InvalidArgument(
                     f"memory_ids: at most {self._settings.max_forget_ids} per call"
@@ -161,7 +159,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
                 request.scope, tenant, self._settings, present=request.HasField("scope")
             )
             query = validate.list_query(request, self._settings)
-            page = await self._memories.list(scope, query, budget)
+            page = await self._memories.list_page(scope, query, budget)
             return pb.ListMemoriesResponse(
                 memories=[convert.memory(r) for r in page.memories],
                 next_page_token=(

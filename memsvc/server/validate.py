@@ -102,7 +102,9 @@ def id_list(values: Iterable[str], field: str, settings: Settings, limit: int) -
     items = list(values)
     if len(items) > limit:
         raise InvalidArgument(f"{field}: at most {limit} entries")
-    return tuple(identifier(v, f"{field}[{i}]", settings, required=True) for i, v in enumerate(items))
+    return tuple(
+        identifier(v, f"{field}[{i}]", settings, required=True) for i, v in enumerate(items)
+    )
 
 
 def memory_id(value: str, field: str = "memory_id") -> uuid.UUID:

@@ -156,9 +156,7 @@ async def get_visible(
     return record_from_row(row) if row is not None else None
 
 
-async def mark_superseded(
-    conn: asyncpg.Connection, old: MemoryRecord, new_id: uuid.UUID
-) -> None:
+async def mark_superseded(conn: asyncpg.Connection, old: MemoryRecord, new_id: uuid.UUID) -> None:
     """Close the validity of an old version: it stays for history but stops matching reads."""
     await conn.execute(
         "UPDATE memories SET invalid_at = now(), status = 'superseded', superseded_by_id = $4"
@@ -170,7 +168,9 @@ async def mark_superseded(
     )
 
 
-async def lineage(conn: asyncpg.Connection, scope: Scope, lineage_id: uuid.UUID) -> list[MemoryRecord]:
+async def lineage(
+    conn: asyncpg.Connection, scope: Scope, lineage_id: uuid.UUID
+) -> list[MemoryRecord]:
     """Every version of one memory, oldest first."""
     rows = await conn.fetch(
         f"SELECT {_COLUMNS} FROM memories WHERE {_VISIBLE} AND lineage_id = $5"
