@@ -1,0 +1,24 @@
+# memsvc production image: `memsvc serve` against external PostgreSQL (pgvector) and Redis.
+FROM python:3.11-slim AS build
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY memsvc ./memsvc
+COPY protos ./protos
+RUN python -m venv /opt/memsvc \
+ && /opt/memsvc/bin/pip install --no-cache-dir . \
+ && /opt/memsvc/bin/python -m memsvc.embedding.assets
+
+FROM python:3.11-slim
+RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin memsvc
+COPY --from=build /opt/memsvc /opt/memsvc
+ENV PATH=/opt/memsvc/bin:$PATH \
+    MEMSVC_GRPC_HOST=0.0.0.0 \
+    MEMSVC_GRPC_PORT=50051
+USER memsvc
+EXPOSE 50051
+# Health through grpc.health.v1, with the grpcio already in the image (no extra probe binary).
+HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \
+  CMD ["python", "-c", "import grpc,sys;from grpc_health.v1 import health_pb2 as h,health_pb2_grpc as g;c=grpc.insecure_channel('127.0.0.1:50051');sys.exit(0 if g.HealthStub(c).Check(h.HealthCheckRequest(),timeout=2).status==1 else 1)"]
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["memsvc"]
+CMD ["serve"]

@@ -1,0 +1,1 @@
+"""Benchmarks: run against a memsvc started as a separate process, never in timed tests."""

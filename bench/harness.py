@@ -1,0 +1,173 @@
+"""Shared benchmark pieces: memsvc in its own process, open-loop pacing, percentiles."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import grpc
+import numpy as np
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+RESULTS_DIR = Path(__file__).parent / "results"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class Target:
+    """A running memsvc (separate process) and the servers behind it."""
+
+    port: int
+    pg_dsn: str
+    redis_url: str
+    api_key: str
+
+
+@contextmanager
+def served_stack(extra_env: dict[str, str] | None = None) -> Iterator[Target]:
+    """Embedded PostgreSQL + valkey, and `memsvc serve` against them in its own process."""
+    from memsvc.embedded import EmbeddedStack
+
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="memsvc-bench-") as tmp:
+        stack = EmbeddedStack(Path(tmp))
+        dsn, url = stack.start()
+        try:
+            api_key = asyncio.run(_create_key(dsn))
+            env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSVC_")}
+            env.update(
+                {"MEMSVC_PG_DSN": dsn, "MEMSVC_REDIS_URL": url, "MEMSVC_GRPC_PORT": str(port)}
+            )
+            env.update(extra_env or {})
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "memsvc", "--log-level", "WARNING", "serve"],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            try:
+                _wait_serving(port, proc)
+                yield Target(port, dsn, url, api_key)
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+        finally:
+            stack.stop()
+
+
+async def _create_key(dsn: str) -> str:
+    import asyncpg
+
+    from memsvc.storage import api_keys
+    from memsvc.storage.migrate import migrate
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        await migrate(conn, embedding_dim=384)
+        return await api_keys.create_key(conn, "bench", "bench")
+    finally:
+        await conn.close()
+
+
+def _wait_serving(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"memsvc dev exited with {proc.returncode}")
+            try:
+                if stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status == 1:
+                    return
+            except grpc.RpcError:
+                time.sleep(0.2)
+    raise RuntimeError("memsvc dev did not become ready")
+
+
+@dataclass
+class Summary:
+    name: str
+    count: int
+    errors: int
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    max_ms: float
+    mean_ms: float
+    throughput_per_s: float
+
+    def line(self) -> str:
+        return (
+            f"{self.name:<28} n={self.count:<6} err={self.errors:<4} "
+            f"p50={self.p50_ms:7.2f} p95={self.p95_ms:7.2f} p99={self.p99_ms:7.2f} "
+            f"max={self.max_ms:7.2f} ms  {self.throughput_per_s:7.1f}/s"
+        )
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def summarize(name: str, latencies_s: list[float], errors: int, wall_s: float) -> Summary:
+    ms = np.asarray(latencies_s, dtype=np.float64) * 1000
+    if ms.size == 0:
+        ms = np.asarray([float("nan")])
+    return Summary(
+        name=name,
+        count=len(latencies_s),
+        errors=errors,
+        p50_ms=float(np.percentile(ms, 50)),
+        p95_ms=float(np.percentile(ms, 95)),
+        p99_ms=float(np.percentile(ms, 99)),
+        max_ms=float(ms.max()),
+        mean_ms=float(ms.mean()),
+        throughput_per_s=len(latencies_s) / wall_s if wall_s > 0 else 0.0,
+    )
+
+
+async def open_loop(
+    call: Callable[[int], Awaitable[None]], *, rate_per_s: float, count: int
+) -> tuple[list[float], int, float]:
+    """Send `count` calls at a fixed rate whether or not earlier ones returned (no hidden queueing).
+
+    Latency is measured from each call's scheduled start, so a stalled client shows up too.
+    """
+    latencies: list[float] = []
+    errors = 0
+    interval = 1.0 / rate_per_s
+    start = time.perf_counter()
+
+    async def one(i: int, scheduled: float) -> None:
+        nonlocal errors
+        try:
+            await call(i)
+            latencies.append(time.perf_counter() - scheduled)
+        except Exception:
+            errors += 1
+
+    tasks = []
+    for i in range(count):
+        scheduled = start + i * interval
+        delay = scheduled - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(i, scheduled)))
+    await asyncio.gather(*tasks)
+    return latencies, errors, time.perf_counter() - start
