@@ -51,8 +51,8 @@ def wait_serving(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 90
     pytest.fail("memsvc dev did not become ready")
 
 
-def interrupt(proc: subprocess.Popen[bytes]) -> str:
-    proc.send_signal(signal.SIGINT)
+def interrupt(proc: subprocess.Popen[bytes], sig: signal.Signals = signal.SIGINT) -> str:
+    proc.send_signal(sig)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out.decode()
     return out.decode()
@@ -109,7 +109,7 @@ def test_two_dev_instances_side_by_side_then_restart(tmp_path: Path) -> None:
         assert all(pid_alive(p) for p in children)
     finally:
         out_a = interrupt(proc_a)
-        interrupt(proc_b)
+        interrupt(proc_b, signal.SIGTERM)
     assert "AUTHENTICATION IS OFF" in out_a
     # Ctrl-C stopped the child servers too.
     deadline = time.monotonic() + 10

@@ -49,6 +49,31 @@ MEMORY_STATUS_ACTIVE: MemoryStatus.ValueType  # 1
 MEMORY_STATUS_SUPERSEDED: MemoryStatus.ValueType  # 2
 Global___MemoryStatus: _TypeAlias = MemoryStatus  # noqa: Y015
 
+class _CacheStatus:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _CacheStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_CacheStatus.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CACHE_STATUS_UNSPECIFIED: _CacheStatus.ValueType  # 0
+    CACHE_STATUS_HIT: _CacheStatus.ValueType  # 1
+    """served from Redis"""
+    CACHE_STATUS_MISS: _CacheStatus.ValueType  # 2
+    """built from PostgreSQL and stored"""
+    CACHE_STATUS_BYPASSED: _CacheStatus.ValueType  # 3
+    """Redis down or slow: built from PostgreSQL, not stored"""
+
+class CacheStatus(_CacheStatus, metaclass=_CacheStatusEnumTypeWrapper): ...
+
+CACHE_STATUS_UNSPECIFIED: CacheStatus.ValueType  # 0
+CACHE_STATUS_HIT: CacheStatus.ValueType  # 1
+"""served from Redis"""
+CACHE_STATUS_MISS: CacheStatus.ValueType  # 2
+"""built from PostgreSQL and stored"""
+CACHE_STATUS_BYPASSED: CacheStatus.ValueType  # 3
+"""Redis down or slow: built from PostgreSQL, not stored"""
+Global___CacheStatus: _TypeAlias = CacheStatus  # noqa: Y015
+
 class _ItemType:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -57,15 +82,21 @@ class _ItemTypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ItemType.Val
     DESCRIPTOR: _descriptor.EnumDescriptor
     ITEM_TYPE_UNSPECIFIED: _ItemType.ValueType  # 0
     ITEM_TYPE_FACT: _ItemType.ValueType  # 1
+    """durable memories"""
     ITEM_TYPE_EPISODE: _ItemType.ValueType  # 2
+    """session summaries"""
     ITEM_TYPE_MESSAGE: _ItemType.ValueType  # 3
+    """the searchable conversation history"""
 
 class ItemType(_ItemType, metaclass=_ItemTypeEnumTypeWrapper): ...
 
 ITEM_TYPE_UNSPECIFIED: ItemType.ValueType  # 0
 ITEM_TYPE_FACT: ItemType.ValueType  # 1
+"""durable memories"""
 ITEM_TYPE_EPISODE: ItemType.ValueType  # 2
+"""session summaries"""
 ITEM_TYPE_MESSAGE: ItemType.ValueType  # 3
+"""the searchable conversation history"""
 Global___ItemType: _TypeAlias = ItemType  # noqa: Y015
 
 class _RecallMode:
@@ -77,6 +108,7 @@ class _RecallModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RecallMode
     RECALL_MODE_UNSPECIFIED: _RecallMode.ValueType  # 0
     """HYBRID"""
     RECALL_MODE_HYBRID: _RecallMode.ValueType  # 1
+    """dense and lexical legs concurrently, fused by RRF"""
     RECALL_MODE_DENSE: _RecallMode.ValueType  # 2
     RECALL_MODE_LEXICAL: _RecallMode.ValueType  # 3
 
@@ -85,6 +117,7 @@ class RecallMode(_RecallMode, metaclass=_RecallModeEnumTypeWrapper): ...
 RECALL_MODE_UNSPECIFIED: RecallMode.ValueType  # 0
 """HYBRID"""
 RECALL_MODE_HYBRID: RecallMode.ValueType  # 1
+"""dense and lexical legs concurrently, fused by RRF"""
 RECALL_MODE_DENSE: RecallMode.ValueType  # 2
 RECALL_MODE_LEXICAL: RecallMode.ValueType  # 3
 Global___RecallMode: _TypeAlias = RecallMode  # noqa: Y015
@@ -101,7 +134,10 @@ class _MessageRoleEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_MessageRo
     MESSAGE_ROLE_SYSTEM: _MessageRole.ValueType  # 3
     MESSAGE_ROLE_TOOL: _MessageRole.ValueType  # 4
 
-class MessageRole(_MessageRole, metaclass=_MessageRoleEnumTypeWrapper): ...
+class MessageRole(_MessageRole, metaclass=_MessageRoleEnumTypeWrapper):
+    """---------------------------------------------------------------------------
+    Write path: Ingest and GetIngestStatus.
+    """
 
 MESSAGE_ROLE_UNSPECIFIED: MessageRole.ValueType  # 0
 MESSAGE_ROLE_USER: MessageRole.ValueType  # 1
@@ -109,6 +145,29 @@ MESSAGE_ROLE_ASSISTANT: MessageRole.ValueType  # 2
 MESSAGE_ROLE_SYSTEM: MessageRole.ValueType  # 3
 MESSAGE_ROLE_TOOL: MessageRole.ValueType  # 4
 Global___MessageRole: _TypeAlias = MessageRole  # noqa: Y015
+
+class _IngestState:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _IngestStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_IngestState.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    INGEST_STATE_UNSPECIFIED: _IngestState.ValueType  # 0
+    INGEST_STATE_PENDING: _IngestState.ValueType  # 1
+    INGEST_STATE_PROCESSING: _IngestState.ValueType  # 2
+    INGEST_STATE_DONE: _IngestState.ValueType  # 3
+    INGEST_STATE_DEAD: _IngestState.ValueType  # 4
+    """gave up after the configured attempts; nothing was written"""
+
+class IngestState(_IngestState, metaclass=_IngestStateEnumTypeWrapper): ...
+
+INGEST_STATE_UNSPECIFIED: IngestState.ValueType  # 0
+INGEST_STATE_PENDING: IngestState.ValueType  # 1
+INGEST_STATE_PROCESSING: IngestState.ValueType  # 2
+INGEST_STATE_DONE: IngestState.ValueType  # 3
+INGEST_STATE_DEAD: IngestState.ValueType  # 4
+"""gave up after the configured attempts; nothing was written"""
+Global___IngestState: _TypeAlias = IngestState  # noqa: Y015
 
 @_typing.final
 class Scope(_message.Message):
@@ -591,56 +650,224 @@ class GetMemoryHistoryResponse(_message.Message):
 Global___GetMemoryHistoryResponse: _TypeAlias = GetMemoryHistoryResponse  # noqa: Y015
 
 @_typing.final
-class PrefetchRequest(_message.Message):
+class PacketBudget(_message.Message):
     """---------------------------------------------------------------------------
-    Read path (Prefetch, Recall) and write path (Ingest): declared now, built in
-    their own issues.
+    Read path: Prefetch and Recall.
+
+    Character and token limits of a Prefetch packet.
     """
 
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHARS_FIELD_NUMBER: _builtins.int
+    TOKENS_FIELD_NUMBER: _builtins.int
+    chars: _builtins.int
+    """Characters of the whole packet text; 0 means the default (4,000). At most 32,000."""
+    tokens: _builtins.int
+    """Optional token limit, counted conservatively (never under-counted); 0 means none."""
+    def __init__(
+        self,
+        *,
+        chars: _builtins.int = ...,
+        tokens: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chars", b"chars", "tokens", b"tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PacketBudget: _TypeAlias = PacketBudget  # noqa: Y015
+
+@_typing.final
+class PrefetchRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SCOPE_FIELD_NUMBER: _builtins.int
     SESSION_ID_FIELD_NUMBER: _builtins.int
     HINT_FIELD_NUMBER: _builtins.int
-    BUDGET_CHARS_FIELD_NUMBER: _builtins.int
-    BUDGET_TOKENS_FIELD_NUMBER: _builtins.int
+    BUDGET_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
+    """The session being set up (echoed in the packet's framing; not a filter)."""
     hint: _builtins.str
-    budget_chars: _builtins.int
-    budget_tokens: _builtins.int
+    """What the session is likely about (first user words, a ticket subject...). Empty:
+    topics are ranked by weight and recency.
+    """
     @_builtins.property
     def scope(self) -> Global___Scope: ...
+    @_builtins.property
+    def budget(self) -> Global___PacketBudget: ...
     def __init__(
         self,
         *,
         scope: Global___Scope | None = ...,
         session_id: _builtins.str = ...,
         hint: _builtins.str = ...,
-        budget_chars: _builtins.int = ...,
-        budget_tokens: _builtins.int = ...,
+        budget: Global___PacketBudget | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["scope", b"scope"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "scope", b"scope"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_chars", b"budget_chars", "budget_tokens", b"budget_tokens", "hint", b"hint", "scope", b"scope", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "hint", b"hint", "scope", b"scope", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PrefetchRequest: _TypeAlias = PrefetchRequest  # noqa: Y015
 
 @_typing.final
+class SectionCount(_message.Message):
+    """How much of each section made it into the packet."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SHOWN_FIELD_NUMBER: _builtins.int
+    TOTAL_FIELD_NUMBER: _builtins.int
+    shown: _builtins.int
+    total: _builtins.int
+    def __init__(
+        self,
+        *,
+        shown: _builtins.int = ...,
+        total: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["shown", b"shown", "total", b"total"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SectionCount: _TypeAlias = SectionCount  # noqa: Y015
+
+@_typing.final
+class PacketCounts(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PERSONA_FIELD_NUMBER: _builtins.int
+    CORE_FIELD_NUMBER: _builtins.int
+    RELEVANT_FIELD_NUMBER: _builtins.int
+    EPISODES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def persona(self) -> Global___SectionCount: ...
+    @_builtins.property
+    def core(self) -> Global___SectionCount: ...
+    @_builtins.property
+    def relevant(self) -> Global___SectionCount: ...
+    @_builtins.property
+    def episodes(self) -> Global___SectionCount: ...
+    def __init__(
+        self,
+        *,
+        persona: Global___SectionCount | None = ...,
+        core: Global___SectionCount | None = ...,
+        relevant: Global___SectionCount | None = ...,
+        episodes: Global___SectionCount | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["core", b"core", "episodes", b"episodes", "persona", b"persona", "relevant", b"relevant"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["core", b"core", "episodes", b"episodes", "persona", b"persona", "relevant", b"relevant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PacketCounts: _TypeAlias = PacketCounts  # noqa: Y015
+
+@_typing.final
+class Episode(_message.Message):
+    """A finished conversation, summarised by the extraction workers."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EPISODE_ID_FIELD_NUMBER: _builtins.int
+    SCOPE_FIELD_NUMBER: _builtins.int
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    TITLE_FIELD_NUMBER: _builtins.int
+    SUMMARY_FIELD_NUMBER: _builtins.int
+    EXCERPT_FIELD_NUMBER: _builtins.int
+    SOURCE_MESSAGE_IDS_FIELD_NUMBER: _builtins.int
+    STARTED_AT_FIELD_NUMBER: _builtins.int
+    ENDED_AT_FIELD_NUMBER: _builtins.int
+    episode_id: _builtins.str
+    session_id: _builtins.str
+    title: _builtins.str
+    summary: _builtins.str
+    excerpt: _builtins.str
+    @_builtins.property
+    def scope(self) -> Global___Scope: ...
+    @_builtins.property
+    def source_message_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def started_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def ended_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        episode_id: _builtins.str = ...,
+        scope: Global___Scope | None = ...,
+        session_id: _builtins.str = ...,
+        title: _builtins.str = ...,
+        summary: _builtins.str = ...,
+        excerpt: _builtins.str = ...,
+        source_message_ids: _abc.Iterable[_builtins.str] | None = ...,
+        started_at: _timestamp_pb2.Timestamp | None = ...,
+        ended_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ended_at", b"ended_at", "scope", b"scope", "started_at", b"started_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ended_at", b"ended_at", "episode_id", b"episode_id", "excerpt", b"excerpt", "scope", b"scope", "session_id", b"session_id", "source_message_ids", b"source_message_ids", "started_at", b"started_at", "summary", b"summary", "title", b"title"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Episode: _TypeAlias = Episode  # noqa: Y015
+
+@_typing.final
 class PrefetchResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     TEXT_FIELD_NUMBER: _builtins.int
+    FACTS_FIELD_NUMBER: _builtins.int
+    EPISODES_FIELD_NUMBER: _builtins.int
+    COUNTS_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    CACHE_FIELD_NUMBER: _builtins.int
+    DEGRADED_FIELD_NUMBER: _builtins.int
+    WITHHELD_FIELD_NUMBER: _builtins.int
+    TIMINGS_FIELD_NUMBER: _builtins.int
     text: _builtins.str
+    """Ready to paste at the end of a prompt. Empty when there is nothing to say: omit the slot."""
+    version: _builtins.int
+    """The user's content version the packet was built from."""
+    cache: Global___CacheStatus.ValueType
+    degraded: _builtins.bool
+    """True when part of the packet could not be built within the deadline."""
+    @_builtins.property
+    def facts(self) -> _containers.RepeatedCompositeFieldContainer[Global___Memory]:
+        """The facts and episodes the text shows, in order."""
+
+    @_builtins.property
+    def episodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___Episode]: ...
+    @_builtins.property
+    def counts(self) -> Global___PacketCounts: ...
+    @_builtins.property
+    def withheld(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """What was withheld, as stated in the text ("Showing 8 of 12 facts; withheld oldest 4.")."""
+
+    @_builtins.property
+    def timings(self) -> Global___StageTimings: ...
     def __init__(
         self,
         *,
         text: _builtins.str = ...,
+        facts: _abc.Iterable[Global___Memory] | None = ...,
+        episodes: _abc.Iterable[Global___Episode] | None = ...,
+        counts: Global___PacketCounts | None = ...,
+        version: _builtins.int = ...,
+        cache: Global___CacheStatus.ValueType = ...,
+        degraded: _builtins.bool = ...,
+        withheld: _abc.Iterable[_builtins.str] | None = ...,
+        timings: Global___StageTimings | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["counts", b"counts", "timings", b"timings"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["text", b"text"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache", b"cache", "counts", b"counts", "degraded", b"degraded", "episodes", b"episodes", "facts", b"facts", "text", b"text", "timings", b"timings", "version", b"version", "withheld", b"withheld"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -658,16 +885,24 @@ class RecallRequest(_message.Message):
     MODE_FIELD_NUMBER: _builtins.int
     AS_OF_FIELD_NUMBER: _builtins.int
     query: _builtins.str
+    """Natural-language query (at most 2,000 chars). Required unless query_vector is set."""
     top_k: _builtins.int
+    """Items to return: default 10, at most 100."""
     mode: Global___RecallMode.ValueType
     @_builtins.property
     def scope(self) -> Global___Scope: ...
     @_builtins.property
-    def query_vector(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
+    def query_vector(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """Caller-supplied embedding (skips embedding); must have the configured dimension."""
+
     @_builtins.property
-    def types(self) -> _containers.RepeatedScalarFieldContainer[Global___ItemType.ValueType]: ...
+    def types(self) -> _containers.RepeatedScalarFieldContainer[Global___ItemType.ValueType]:
+        """Default: FACT and EPISODE."""
+
     @_builtins.property
-    def as_of(self) -> _timestamp_pb2.Timestamp: ...
+    def as_of(self) -> _timestamp_pb2.Timestamp:
+        """Read what was valid at that time (superseded facts included if valid then)."""
+
     def __init__(
         self,
         *,
@@ -688,19 +923,140 @@ class RecallRequest(_message.Message):
 Global___RecallRequest: _TypeAlias = RecallRequest  # noqa: Y015
 
 @_typing.final
+class StageTimings(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EMBED_MS_FIELD_NUMBER: _builtins.int
+    DENSE_MS_FIELD_NUMBER: _builtins.int
+    LEXICAL_MS_FIELD_NUMBER: _builtins.int
+    FUSE_MS_FIELD_NUMBER: _builtins.int
+    TOTAL_MS_FIELD_NUMBER: _builtins.int
+    CACHE_MS_FIELD_NUMBER: _builtins.int
+    BUILD_MS_FIELD_NUMBER: _builtins.int
+    embed_ms: _builtins.float
+    dense_ms: _builtins.float
+    lexical_ms: _builtins.float
+    fuse_ms: _builtins.float
+    total_ms: _builtins.float
+    cache_ms: _builtins.float
+    build_ms: _builtins.float
+    def __init__(
+        self,
+        *,
+        embed_ms: _builtins.float = ...,
+        dense_ms: _builtins.float = ...,
+        lexical_ms: _builtins.float = ...,
+        fuse_ms: _builtins.float = ...,
+        total_ms: _builtins.float = ...,
+        cache_ms: _builtins.float = ...,
+        build_ms: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["build_ms", b"build_ms", "cache_ms", b"cache_ms", "dense_ms", b"dense_ms", "embed_ms", b"embed_ms", "fuse_ms", b"fuse_ms", "lexical_ms", b"lexical_ms", "total_ms", b"total_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StageTimings: _TypeAlias = StageTimings  # noqa: Y015
+
+@_typing.final
+class RecallItem(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TYPE_FIELD_NUMBER: _builtins.int
+    ID_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_NUMBER: _builtins.int
+    SCORE_FIELD_NUMBER: _builtins.int
+    FUSED_SCORE_FIELD_NUMBER: _builtins.int
+    DENSE_RANK_FIELD_NUMBER: _builtins.int
+    LEXICAL_RANK_FIELD_NUMBER: _builtins.int
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    OCCURRED_AT_FIELD_NUMBER: _builtins.int
+    MEMORY_FIELD_NUMBER: _builtins.int
+    SENDER_ID_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
+    type: Global___ItemType.ValueType
+    id: _builtins.str
+    """memory_id, episode_id, or the caller's message_id."""
+    text: _builtins.str
+    score: _builtins.float
+    """Final ordering score (higher first)."""
+    fused_score: _builtins.float
+    """Reciprocal Rank Fusion score."""
+    dense_rank: _builtins.int
+    """1-based rank in each leg; 0 when that leg did not return the item."""
+    lexical_rank: _builtins.int
+    session_id: _builtins.str
+    sender_id: _builtins.str
+    """MESSAGE only."""
+    role: Global___MessageRole.ValueType
+    @_builtins.property
+    def occurred_at(self) -> _timestamp_pb2.Timestamp:
+        """When it was said (messages), ended (episodes) or recorded (facts)."""
+
+    @_builtins.property
+    def memory(self) -> Global___Memory:
+        """FACT only."""
+
+    def __init__(
+        self,
+        *,
+        type: Global___ItemType.ValueType = ...,
+        id: _builtins.str = ...,
+        text: _builtins.str = ...,
+        score: _builtins.float = ...,
+        fused_score: _builtins.float = ...,
+        dense_rank: _builtins.int = ...,
+        lexical_rank: _builtins.int = ...,
+        session_id: _builtins.str = ...,
+        occurred_at: _timestamp_pb2.Timestamp | None = ...,
+        memory: Global___Memory | None = ...,
+        sender_id: _builtins.str = ...,
+        role: Global___MessageRole.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["memory", b"memory", "occurred_at", b"occurred_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dense_rank", b"dense_rank", "fused_score", b"fused_score", "id", b"id", "lexical_rank", b"lexical_rank", "memory", b"memory", "occurred_at", b"occurred_at", "role", b"role", "score", b"score", "sender_id", b"sender_id", "session_id", b"session_id", "text", b"text", "type", b"type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecallItem: _TypeAlias = RecallItem  # noqa: Y015
+
+@_typing.final
 class RecallResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     DEGRADED_FIELD_NUMBER: _builtins.int
+    ITEMS_FIELD_NUMBER: _builtins.int
+    MISSING_LEGS_FIELD_NUMBER: _builtins.int
+    TIMINGS_FIELD_NUMBER: _builtins.int
+    ROUTE_FIELD_NUMBER: _builtins.int
     degraded: _builtins.bool
+    """True when a leg (or the embedding) did not finish within the deadline: the items are
+    what the other leg found. Both missing: empty and degraded. Never an error.
+    """
+    route: _builtins.str
+    """How the query was classified and routed (e.g. "fact", "temporal", "relationship")."""
+    @_builtins.property
+    def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___RecallItem]: ...
+    @_builtins.property
+    def missing_legs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """"embed", "dense", "lexical": what did not make it in time."""
+
+    @_builtins.property
+    def timings(self) -> Global___StageTimings: ...
     def __init__(
         self,
         *,
         degraded: _builtins.bool = ...,
+        items: _abc.Iterable[Global___RecallItem] | None = ...,
+        missing_legs: _abc.Iterable[_builtins.str] | None = ...,
+        timings: Global___StageTimings | None = ...,
+        route: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["timings", b"timings"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["degraded", b"degraded"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["degraded", b"degraded", "items", b"items", "missing_legs", b"missing_legs", "route", b"route", "timings", b"timings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -716,11 +1072,16 @@ class Message(_message.Message):
     TEXT_FIELD_NUMBER: _builtins.int
     SENT_AT_FIELD_NUMBER: _builtins.int
     message_id: _builtins.str
+    """The caller's id, unique within the session (1..128 chars)."""
     sender_id: _builtins.str
+    """Who spoke. Only USER-role senders whose id is a valid user id accrue memories."""
     role: Global___MessageRole.ValueType
     text: _builtins.str
+    """1..8,000 chars."""
     @_builtins.property
-    def sent_at(self) -> _timestamp_pb2.Timestamp: ...
+    def sent_at(self) -> _timestamp_pb2.Timestamp:
+        """Required."""
+
     def __init__(
         self,
         *,
@@ -751,14 +1112,23 @@ class IngestRequest(_message.Message):
     COUNTERPART_PERSONA_ID_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     end_of_session: _builtins.bool
+    """Marks the session finished: its episode is (re)built."""
     idempotency_key: _builtins.str
+    """Required. A repeated key returns the first ingest_id with duplicate=true."""
     counterpart_persona_id: _builtins.str
+    """When the other side was a virtual persona: every extracted row is stamped with it."""
     @_builtins.property
-    def scope(self) -> Global___Scope: ...
+    def scope(self) -> Global___Scope:
+        """The session owner's scope (the scope extracted memories of the owner go to)."""
+
     @_builtins.property
-    def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___Message]: ...
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___Message]:
+        """Only the new messages of this turn (1..200). Re-sent ones are ignored (dropped)."""
+
     @_builtins.property
-    def goals(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def goals(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Terminal session goals: become core facts of the session owner."""
+
     def __init__(
         self,
         *,
@@ -789,7 +1159,9 @@ class IngestResponse(_message.Message):
     ingest_id: _builtins.str
     duplicate: _builtins.bool
     accepted: _builtins.int
+    """Messages stored by this call."""
     dropped: _builtins.int
+    """Messages ignored because this session already held their message_id."""
     def __init__(
         self,
         *,
@@ -811,34 +1183,118 @@ class GetIngestStatusRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     INGEST_ID_FIELD_NUMBER: _builtins.int
+    SCOPE_FIELD_NUMBER: _builtins.int
     ingest_id: _builtins.str
+    @_builtins.property
+    def scope(self) -> Global___Scope:
+        """Optional: when set, the ingest must belong to exactly this scope."""
+
     def __init__(
         self,
         *,
         ingest_id: _builtins.str = ...,
+        scope: Global___Scope | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["scope", b"scope"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ingest_id", b"ingest_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ingest_id", b"ingest_id", "scope", b"scope"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetIngestStatusRequest: _TypeAlias = GetIngestStatusRequest  # noqa: Y015
 
 @_typing.final
+class ExtractionOutcome(_message.Message):
+    """What one extraction did."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ADDED_FIELD_NUMBER: _builtins.int
+    REINFORCED_FIELD_NUMBER: _builtins.int
+    UPDATED_FIELD_NUMBER: _builtins.int
+    CONFLICTS_RESOLVED_FIELD_NUMBER: _builtins.int
+    SKIPPED_BY_QUOTA_FIELD_NUMBER: _builtins.int
+    DROPPED_BY_GATES_FIELD_NUMBER: _builtins.int
+    SPEAKERS_FIELD_NUMBER: _builtins.int
+    EPISODES_FIELD_NUMBER: _builtins.int
+    TOPICS_FIELD_NUMBER: _builtins.int
+    MESSAGES_INDEXED_FIELD_NUMBER: _builtins.int
+    REDACTED_FIELD_NUMBER: _builtins.int
+    added: _builtins.int
+    reinforced: _builtins.int
+    updated: _builtins.int
+    conflicts_resolved: _builtins.int
+    skipped_by_quota: _builtins.int
+    dropped_by_gates: _builtins.int
+    """confidence floor, phatic speech, unknown roles, caps"""
+    speakers: _builtins.int
+    """human speakers processed"""
+    episodes: _builtins.int
+    topics: _builtins.int
+    messages_indexed: _builtins.int
+    redacted: _builtins.int
+    def __init__(
+        self,
+        *,
+        added: _builtins.int = ...,
+        reinforced: _builtins.int = ...,
+        updated: _builtins.int = ...,
+        conflicts_resolved: _builtins.int = ...,
+        skipped_by_quota: _builtins.int = ...,
+        dropped_by_gates: _builtins.int = ...,
+        speakers: _builtins.int = ...,
+        episodes: _builtins.int = ...,
+        topics: _builtins.int = ...,
+        messages_indexed: _builtins.int = ...,
+        redacted: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["added", b"added", "conflicts_resolved", b"conflicts_resolved", "dropped_by_gates", b"dropped_by_gates", "episodes", b"episodes", "messages_indexed", b"messages_indexed", "redacted", b"redacted", "reinforced", b"reinforced", "skipped_by_quota", b"skipped_by_quota", "speakers", b"speakers", "topics", b"topics", "updated", b"updated"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExtractionOutcome: _TypeAlias = ExtractionOutcome  # noqa: Y015
+
+@_typing.final
 class IngestStatus(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     INGEST_ID_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    ATTEMPTS_FIELD_NUMBER: _builtins.int
+    LAST_ERROR_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    FINISHED_AT_FIELD_NUMBER: _builtins.int
     ingest_id: _builtins.str
+    state: Global___IngestState.ValueType
+    attempts: _builtins.int
+    last_error: _builtins.str
+    """Kind of the last failure (never memory content)."""
+    session_id: _builtins.str
+    @_builtins.property
+    def outcome(self) -> Global___ExtractionOutcome: ...
+    @_builtins.property
+    def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def finished_at(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
         self,
         *,
         ingest_id: _builtins.str = ...,
+        state: Global___IngestState.ValueType = ...,
+        attempts: _builtins.int = ...,
+        last_error: _builtins.str = ...,
+        outcome: Global___ExtractionOutcome | None = ...,
+        session_id: _builtins.str = ...,
+        created_at: _timestamp_pb2.Timestamp | None = ...,
+        finished_at: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "finished_at", b"finished_at", "outcome", b"outcome"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ingest_id", b"ingest_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "created_at", b"created_at", "finished_at", b"finished_at", "ingest_id", b"ingest_id", "last_error", b"last_error", "outcome", b"outcome", "session_id", b"session_id", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
