@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
 
 import asyncpg
 import numpy as np
@@ -13,11 +13,12 @@ import numpy as np
 from memsvc.cache.invalidation import PacketInvalidator
 from memsvc.deadline import Budget
 from memsvc.embedding import Embedder, EmbeddingError
-from memsvc.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from memsvc.errors import FailedPrecondition, InvalidArgument, NotFound
 from memsvc.memories.model import ListQuery, MemoryRecord, NewMemory, Page, Scope
 from memsvc.memories.normalize import content_hash
 from memsvc.storage import erasure, versions
 from memsvc.storage import memories as store
+from memsvc.storage.pool import acquire
 
 log = logging.getLogger(__name__)
 
@@ -42,19 +43,8 @@ class MemoryService:
         self._acquire_timeout_s = acquire_timeout_s
         self._embed_timeout_s = embed_timeout_s
 
-    @asynccontextmanager
-    async def _connection(self, budget: Budget) -> AsyncIterator[asyncpg.Connection]:
-        """A pooled connection, or a fast RESOURCE_EXHAUSTED when none frees up in time."""
-        try:
-            conn = await self._pool.acquire(timeout=budget.cap(self._acquire_timeout_s))
-        except TimeoutError:
-            if budget.expired:
-                raise
-            raise ResourceExhausted("every database connection is busy; retry shortly") from None
-        try:
-            yield conn
-        finally:
-            await self._pool.release(conn)
+    def _connection(self, budget: Budget) -> AbstractAsyncContextManager[asyncpg.Connection]:
+        return acquire(self._pool, budget, timeout_s=self._acquire_timeout_s)
 
     async def _embed_one(self, text: str, budget: Budget) -> np.ndarray | None:
         """The text's embedding, or None when the embedder failed (the row is marked missing

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 import asyncpg
 from pgvector.asyncpg import register_vector
 
 from memsvc.config import Settings
+from memsvc.deadline import Budget
+from memsvc.errors import ResourceExhausted
 from memsvc.storage.migrate import migrate
 
 
@@ -30,3 +35,24 @@ async def connect_and_migrate(settings: Settings) -> asyncpg.Pool:
         timeout=10,
     )
     return pool
+
+
+@asynccontextmanager
+async def acquire(
+    pool: asyncpg.Pool, budget: Budget, *, timeout_s: float
+) -> AsyncIterator[asyncpg.Connection]:
+    """A pooled connection within the budget, or a fast RESOURCE_EXHAUSTED when none frees up.
+
+    Waiting is bounded by the smaller of the budget and `timeout_s`; release is asyncpg's own
+    (shielded from cancellation).
+    """
+    try:
+        conn = await pool.acquire(timeout=budget.cap(timeout_s))
+    except TimeoutError:
+        if budget.expired:
+            raise
+        raise ResourceExhausted("every database connection is busy; retry shortly") from None
+    try:
+        yield conn
+    finally:
+        await pool.release(conn)
