@@ -85,6 +85,7 @@ async def insert_or_reinforce(
     lineage_id: uuid.UUID | None = None,
     supersedes_id: uuid.UUID | None = None,
     correction_reason: str = "",
+    ingest_id: uuid.UUID | None = None,
 ) -> tuple[MemoryRecord, bool]:
     """Insert a memory, or reinforce the identical active one (race-free via the unique index).
 
@@ -98,9 +99,9 @@ async def insert_or_reinforce(
             memory_id, lineage_id, content, content_hash, subject, predicate, object,
             category, role, confidence, pinned, valid_from, supersedes_id,
             source_message_ids, session_id, origin, correction_reason,
-            embedding, embedding_model, embedding_state)
+            embedding, embedding_model, embedding_state, ingest_id)
         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
-                coalesce($18, now()), $19, $20, $21, $22, $23, $24, $25, $26)
+                coalesce($18, now()), $19, $20, $21, $22, $23, $24, $25, $26, $27)
         ON CONFLICT (tenant_id, user_id, persona_id, agent_id, content_hash)
             WHERE invalid_at IS NULL
         DO UPDATE SET
@@ -138,6 +139,7 @@ async def insert_or_reinforce(
         embedding,
         embedding_model if embedding is not None else "",
         "ok" if embedding is not None else "missing",
+        ingest_id,
     )
     assert row is not None
     return record_from_row(row), bool(row["reinforced"])

@@ -1,0 +1,1 @@
+"""Turning a speaker's messages into an episode, facts and topics (pluggable extractors)."""

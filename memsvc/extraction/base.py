@@ -1,0 +1,119 @@
+"""The Extractor protocol and the values extractors exchange with the pipeline."""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol, runtime_checkable
+
+
+class ExtractionError(Exception):
+    """An extractor could not produce a valid result; the job is retried, nothing is written."""
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One kept message of the speaker being processed."""
+
+    message_id: str
+    text: str
+    sent_at: datetime
+
+
+@dataclass(frozen=True)
+class ExtractionInput:
+    """Everything an extractor may look at for one speaker of one ingest job."""
+
+    speaker_id: str
+    session_id: str
+    turns: tuple[Turn, ...]
+    categories: tuple[str, ...]
+    roles: tuple[str, ...]
+    max_facts: int
+
+
+@dataclass(frozen=True)
+class CandidateFact:
+    """A fact an extractor proposes; the pipeline's guardrails decide whether it is stored."""
+
+    content: str
+    category: str
+    role: str
+    confidence: float
+    source_message_ids: tuple[str, ...]
+    subject: str = "user"
+    predicate: str = ""
+    object: str = ""
+    # "I used to live in Delhi": true of the past, never overwrites a current fact.
+    historical: bool = False
+    # "I no longer eat meat": contradicts the positive form of the same predicate/object.
+    negated: bool = False
+    valid_from: datetime | None = None
+
+
+@dataclass(frozen=True)
+class CandidateEpisode:
+    title: str
+    summary: str
+    excerpt: str
+    source_message_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Extraction:
+    episode: CandidateEpisode | None
+    facts: tuple[CandidateFact, ...] = ()
+    topics: tuple[str, ...] = ()
+
+
+class Decision(enum.StrEnum):
+    """What to do with a candidate that resembles stored facts (the gray zone of dedup)."""
+
+    ADD = "add"
+    UPDATE = "update"
+    NOOP = "noop"
+    CONFLICT = "conflict"
+
+
+@dataclass(frozen=True)
+class ExistingFact:
+    """An active stored fact near a candidate, as shown to a decider."""
+
+    memory_id: uuid.UUID
+    content: str
+    subject: str
+    predicate: str
+    object: str
+    similarity: float
+
+
+@dataclass(frozen=True)
+class DecisionResult:
+    decision: Decision
+    # The existing fact an UPDATE / NOOP / CONFLICT refers to.
+    target_id: uuid.UUID | None = None
+    reason: str = ""
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Extractor(Protocol):
+    """Pluggable extraction. Implementations: rules (default, offline), openai (chat model)."""
+
+    @property
+    def name(self) -> str: ...
+
+    async def extract(self, data: ExtractionInput) -> Extraction:
+        """Propose an episode, facts and topics; raise ExtractionError on an unusable answer."""
+        ...
+
+    async def decide(
+        self, candidate: CandidateFact, existing: Sequence[ExistingFact]
+    ) -> DecisionResult | None:
+        """Decide a gray-zone candidate; None means "no model here, use the rules"."""
+        ...
+
+    async def aclose(self) -> None: ...

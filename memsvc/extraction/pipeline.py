@@ -1,0 +1,453 @@
+"""One ingest job, end to end: index messages, partition speakers, extract, guard, decide, write.
+
+Each human speaker is processed in its own transaction, keyed by (job, speaker) so a re-run
+adds nothing; one speaker's failure never rolls back another's, and the job is retried.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields, replace
+
+import asyncpg
+import numpy as np
+
+from memsvc.cache.invalidation import PacketInvalidator
+from memsvc.embedding import Embedder
+from memsvc.extraction.base import (
+    CandidateEpisode,
+    CandidateFact,
+    Decision,
+    Extraction,
+    ExtractionError,
+    ExtractionInput,
+    Extractor,
+    Turn,
+)
+from memsvc.extraction.gate import is_phatic
+from memsvc.extraction.guardrails import Thresholds, Verdict, classify, passes_floor, rules_decision
+from memsvc.extraction.rules import HISTORICAL_OF
+from memsvc.memories.model import NewMemory, Scope
+from memsvc.memories.normalize import content_hash, normalize_content
+from memsvc.storage import extraction as store
+from memsvc.storage import memories, messages, versions
+from memsvc.storage.outbox import Job
+
+log = logging.getLogger(__name__)
+
+DEFAULT_USER_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}"
+
+
+@dataclass
+class Outcome:
+    """What an extraction did; the counters GetIngestStatus reports."""
+
+    added: int = 0
+    reinforced: int = 0
+    updated: int = 0
+    conflicts_resolved: int = 0
+    skipped_by_quota: int = 0
+    dropped_by_gates: int = 0
+    speakers: int = 0
+    episodes: int = 0
+    topics: int = 0
+    messages_indexed: int = 0
+    redacted: int = 0
+
+    def add(self, other: Outcome | dict[str, int]) -> None:
+        values = other if isinstance(other, dict) else other.as_dict()
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + int(values.get(f.name, 0)))
+
+    def as_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+class SpeakerFailures(Exception):
+    """Some speakers of a job failed (others committed); the job is retried for them."""
+
+    def __init__(self, failures: dict[str, BaseException]) -> None:
+        kinds = sorted({type(e).__name__ for e in failures.values()})
+        super().__init__(f"{len(failures)} speaker(s) failed: {', '.join(kinds)}")
+        self.failures = failures
+
+
+@dataclass(frozen=True)
+class PipelineSettings:
+    categories: tuple[str, ...]
+    roles: tuple[str, ...]
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    max_facts_per_episode: int = 50
+    daily_quota: int = 200
+    user_id_pattern: str = DEFAULT_USER_ID_PATTERN
+    nearest_k: int = 5
+    embed_timeout_s: float = 10.0
+    goal_category: str = "goal"
+    goal_role: str = "core"
+
+
+@dataclass
+class _Speaker:
+    scope: Scope
+    turns: list[Turn] = field(default_factory=list)
+    goals: tuple[str, ...] = ()
+
+
+class ExtractionPipeline:
+    """Runs one claimed job. Stateless between jobs; safe to run jobs of different users at once."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        embedder: Embedder,
+        extractor: Extractor,
+        invalidator: PacketInvalidator,
+        settings: PipelineSettings,
+    ) -> None:
+        self._pool = pool
+        self._embedder = embedder
+        self._extractor = extractor
+        self._invalidator = invalidator
+        self._settings = settings
+        self._user_id = re.compile(settings.user_id_pattern)
+
+    async def run(self, job: Job) -> Outcome:
+        """Process the job; raises on failure (the worker retries), never leaves half a speaker."""
+        outcome = Outcome()
+        async with self._pool.acquire() as conn:
+            rows = await messages.messages_of_ingest(conn, job.scope, job.ingest_id)
+        outcome.messages_indexed = await self._index_messages(job.scope, rows)
+        failures: dict[str, BaseException] = {}
+        for speaker in self._speakers(job, rows):
+            try:
+                outcome.add(await self._process_speaker(job, speaker))
+            except (ExtractionError, asyncpg.PostgresError, OSError, TimeoutError) as exc:
+                log.warning(
+                    "extraction failed for a speaker of ingest %s: %s",
+                    job.ingest_id,
+                    type(exc).__name__,
+                )
+                failures[speaker.scope.user_id] = exc
+        if failures:
+            raise SpeakerFailures(failures)
+        return outcome
+
+    # -- steps ---------------------------------------------------------------------------------
+
+    async def _index_messages(self, scope: Scope, rows: Sequence[asyncpg.Record]) -> int:
+        """Embed the job's messages for the recall tier. A failure leaves them marked missing
+        (the reconcile task repairs them); it does not hold up extraction."""
+        todo = [r for r in rows if r["embedding_state"] != "ok" and r["text"].strip()]
+        if not todo:
+            return 0
+        try:
+            vectors = await self._embedder.embed(
+                [r["text"] for r in todo], timeout_s=self._settings.embed_timeout_s
+            )
+        except Exception as exc:
+            log.warning("message embedding failed, left for reconcile: %s", type(exc).__name__)
+            return 0
+        async with self._pool.acquire() as conn:
+            await messages.set_message_embeddings(
+                conn,
+                scope,
+                [(r["session_id"], r["message_id"]) for r in todo],
+                vectors,
+                self._embedder.model_id,
+            )
+        return len(todo)
+
+    def _speakers(self, job: Job, rows: Sequence[asyncpg.Record]) -> list[_Speaker]:
+        """Human speakers only: USER role and a well-formed user id. Bots, assistants, system
+        and malformed ids are excluded by construction. Every row is stamped with the
+        counterpart persona when the session was with one."""
+        persona = str(job.payload.get("counterpart_persona_id") or "") or job.scope.persona_id
+        by_sender: dict[str, _Speaker] = {}
+        for r in rows:
+            sender = r["sender_id"]
+            if r["role"] != "user" or not self._user_id.fullmatch(sender):
+                continue
+            speaker = by_sender.get(sender)
+            if speaker is None:
+                speaker = _Speaker(Scope(job.scope.tenant_id, sender, persona, job.scope.agent_id))
+                by_sender[sender] = speaker
+            speaker.turns.append(Turn(r["message_id"], r["text"], r["sent_at"]))
+        goals = tuple(str(g) for g in job.payload.get("goals") or ())
+        if goals:
+            owner = job.scope.user_id
+            if owner not in by_sender:
+                by_sender[owner] = _Speaker(
+                    Scope(job.scope.tenant_id, owner, persona, job.scope.agent_id)
+                )
+            by_sender[owner].goals = goals
+        return list(by_sender.values())
+
+    async def _process_speaker(self, job: Job, speaker: _Speaker) -> Outcome:
+        scope = speaker.scope
+        async with self._pool.acquire() as conn:
+            done = await store.run_outcome(conn, scope, job.ingest_id)
+        if done is not None:
+            result = Outcome()
+            result.add(done)
+            return result
+
+        outcome = Outcome(speakers=1)
+        kept = [t for t in speaker.turns if not is_phatic(t.text)]
+        outcome.dropped_by_gates += len(speaker.turns) - len(kept)
+        extraction = Extraction(episode=None)
+        if kept:
+            extraction = await self._extractor.extract(
+                ExtractionInput(
+                    speaker_id=scope.user_id,
+                    session_id=job.session_id,
+                    turns=tuple(kept),
+                    categories=self._settings.categories,
+                    roles=self._settings.roles,
+                    max_facts=self._settings.max_facts_per_episode,
+                )
+            )
+        candidates = self._screen(extraction.facts, kept, outcome) + self._goal_facts(speaker)
+        topics = tuple(
+            dict.fromkeys(t.strip().lower()[:80] for t in extraction.topics if t.strip())
+        )
+
+        async with self._pool.acquire() as conn:
+            previous = await store.episode_summary(conn, scope, job.session_id)
+        episode = _merge_episode(previous, extraction.episode)
+        texts = [c.content for c in candidates] + list(topics)
+        if episode is not None:
+            texts.append(f"{episode.title}. {episode.summary}")
+        vectors = (
+            await self._embedder.embed(texts, timeout_s=self._settings.embed_timeout_s)
+            if texts
+            else np.zeros((0, self._embedder.dimension), dtype=np.float32)
+        )
+        fact_vectors = vectors[: len(candidates)]
+        topic_vectors = vectors[len(candidates) : len(candidates) + len(topics)]
+        episode_vector = vectors[-1] if episode is not None else None
+
+        async with self._pool.acquire() as conn, conn.transaction():
+            await store.lock_user(conn, scope.tenant_id, scope.user_id)
+            if not await store.claim_run(conn, scope, job.ingest_id, job.session_id):
+                # Another worker committed this speaker meanwhile (a lease takeover race).
+                done = await store.run_outcome(conn, scope, job.ingest_id)
+                result = Outcome()
+                result.add(done or {})
+                return result
+            touched: list[uuid.UUID] = []
+            for candidate, vector in zip(candidates, fact_vectors, strict=True):
+                memory_id = await self._apply(conn, job, scope, candidate, vector, outcome)
+                if memory_id is not None:
+                    touched.append(memory_id)
+            if episode is not None:
+                times = [t.sent_at for t in speaker.turns]
+                started = min([*times, *([previous["started_at"]] if previous else [])])
+                episode_id = await store.upsert_episode(
+                    conn,
+                    scope,
+                    job.session_id,
+                    episode,
+                    started_at=started,
+                    ended_at=max(times) if times else started,
+                    embedding=episode_vector,
+                    embedding_model=self._embedder.model_id,
+                )
+                topic_ids = [
+                    await store.upsert_topic(
+                        conn,
+                        scope,
+                        name,
+                        seen_at=max(times) if times else started,
+                        embedding=vec,
+                        embedding_model=self._embedder.model_id,
+                    )
+                    for name, vec in zip(topics, topic_vectors, strict=True)
+                ]
+                await store.link(
+                    conn, scope, episode_id=episode_id, topic_ids=topic_ids, memory_ids=touched
+                )
+                outcome.episodes += 1
+                outcome.topics += len(topic_ids)
+            await versions.bump_version(conn, scope.tenant_id, scope.user_id)
+            await store.finish_run(conn, scope, job.ingest_id, outcome.as_dict())
+        await self._invalidator.drop_user(scope.tenant_id, scope.user_id)
+        return outcome
+
+    def _screen(
+        self, facts: Sequence[CandidateFact], kept: Sequence[Turn], outcome: Outcome
+    ) -> list[CandidateFact]:
+        """Closed vocabularies, the per-episode cap and the confidence floor, in that order."""
+        kept_ids = {t.message_id for t in kept}
+        screened: list[CandidateFact] = []
+        for fact in facts:
+            content = normalize_content(fact.content)[:2_000]
+            sources = tuple(s for s in fact.source_message_ids if s in kept_ids)
+            if (
+                not content
+                or fact.role not in self._settings.roles
+                or fact.category not in self._settings.categories
+                or not sources
+            ):
+                outcome.dropped_by_gates += 1
+                continue
+            if len(screened) >= self._settings.max_facts_per_episode:
+                outcome.dropped_by_gates += 1
+                continue
+            confidence = min(1.0, max(0.0, fact.confidence))
+            if not passes_floor(replace(fact, confidence=confidence), self._settings.thresholds):
+                outcome.dropped_by_gates += 1
+                continue
+            screened.append(
+                replace(fact, content=content, confidence=confidence, source_message_ids=sources)
+            )
+        return screened
+
+    def _goal_facts(self, speaker: _Speaker) -> list[CandidateFact]:
+        """Terminal session goals become core facts of the session owner (structured evidence)."""
+        category = self._settings.goal_category
+        if category not in self._settings.categories:
+            category = "context"
+        role = (
+            self._settings.goal_role
+            if self._settings.goal_role in self._settings.roles
+            else "context"
+        )
+        return [
+            CandidateFact(
+                content=f"Goal: {normalize_content(goal)[:300]}",
+                category=category,
+                role=role,
+                confidence=1.0,
+                source_message_ids=(),
+                predicate="goal",
+                object=normalize_content(goal).lower()[:300],
+            )
+            for goal in speaker.goals
+            if normalize_content(goal)
+        ]
+
+    async def _apply(
+        self,
+        conn: asyncpg.Connection,
+        job: Job,
+        scope: Scope,
+        candidate: CandidateFact,
+        vector: np.ndarray,
+        outcome: Outcome,
+    ) -> uuid.UUID | None:
+        """Dedup, decide and write one candidate; returns the memory id it ended up as."""
+        digest = content_hash(candidate.content)
+        predicates = [candidate.predicate]
+        if candidate.historical and candidate.predicate in HISTORICAL_OF:
+            predicates.append(HISTORICAL_OF[candidate.predicate])
+        verdict = classify(
+            candidate,
+            exact=await store.exact_active(conn, scope, digest),
+            same_predicate=(
+                await store.active_with_predicates(conn, scope, candidate.subject, predicates)
+                if candidate.predicate
+                else []
+            ),
+            nearest=await store.nearest_active(conn, scope, vector, self._settings.nearest_k),
+            thresholds=self._settings.thresholds,
+        )
+        if verdict.gray and verdict.target is not None:
+            verdict = await self._decide_gray(candidate, verdict)
+        if verdict.decision is Decision.NOOP and verdict.target is not None:
+            await store.reinforce(
+                conn, scope, verdict.target.memory_id, candidate.source_message_ids
+            )
+            outcome.reinforced += 1
+            return verdict.target.memory_id
+        # Everything below inserts a row: it needs quota. Skipped candidates leave no trace.
+        if not await store.take_quota(
+            conn, scope.tenant_id, scope.user_id, self._settings.daily_quota
+        ):
+            outcome.skipped_by_quota += 1
+            return None
+        new = NewMemory(
+            content=candidate.content,
+            category=candidate.category,
+            role=candidate.role,
+            confidence=candidate.confidence,
+            subject=candidate.subject,
+            predicate=candidate.predicate,
+            object=candidate.object,
+            source_message_ids=candidate.source_message_ids,
+            session_id=job.session_id,
+            valid_from=candidate.valid_from,
+            origin="extraction",
+        )
+        supersede = (
+            verdict.decision in (Decision.UPDATE, Decision.CONFLICT) and verdict.target is not None
+        )
+        old = None
+        if supersede and verdict.target is not None:
+            old = await memories.get_visible(conn, scope, verdict.target.memory_id, for_update=True)
+        if old is not None and old.invalid_at is None:
+            new_id = uuid.uuid4()
+            await memories.mark_superseded(conn, old, new_id)
+            record, _ = await memories.insert_or_reinforce(
+                conn,
+                scope,
+                new,
+                content_hash=digest,
+                embedding=vector,
+                embedding_model=self._embedder.model_id,
+                memory_id=new_id,
+                lineage_id=old.lineage_id,
+                supersedes_id=old.memory_id,
+                correction_reason=f"{verdict.decision.value}: {verdict.reason}"[:500],
+                ingest_id=job.ingest_id,
+            )
+            if verdict.decision is Decision.UPDATE:
+                outcome.updated += 1
+            else:
+                outcome.conflicts_resolved += 1
+            return record.memory_id
+        record, reinforced = await memories.insert_or_reinforce(
+            conn,
+            scope,
+            new,
+            content_hash=digest,
+            embedding=vector,
+            embedding_model=self._embedder.model_id,
+            ingest_id=job.ingest_id,
+        )
+        if reinforced:
+            outcome.reinforced += 1
+        else:
+            outcome.added += 1
+        return record.memory_id
+
+    async def _decide_gray(self, candidate: CandidateFact, verdict: Verdict) -> Verdict:
+        assert verdict.target is not None
+        result = await self._extractor.decide(candidate, [verdict.target])
+        if result is None or (
+            result.decision is not Decision.ADD and result.target_id != verdict.target.memory_id
+        ):
+            result = rules_decision(candidate, verdict.target)
+        return Verdict(result.decision, verdict.target, reason=result.reason or "gray zone")
+
+
+def _merge_episode(
+    previous: asyncpg.Record | None, fresh: CandidateEpisode | None
+) -> CandidateEpisode | None:
+    """A session ingested turn by turn keeps one episode that grows with each turn."""
+    if fresh is None:
+        return None
+    if previous is None:
+        return fresh
+    summary = f"{previous['summary']} {fresh.summary}".strip()
+    if len(summary) > 2_000:
+        summary = "…" + summary[-1_999:]
+    sources = tuple(dict.fromkeys([*previous["source_message_ids"], *fresh.source_message_ids]))
+    return CandidateEpisode(
+        title=previous["title"] or fresh.title,
+        summary=summary,
+        excerpt=previous["excerpt"] or fresh.excerpt,
+        source_message_ids=sources,
+    )

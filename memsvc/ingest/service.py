@@ -1,0 +1,91 @@
+"""Ingest: store the turn's messages and one outbox row in one transaction, then return."""
+
+from __future__ import annotations
+
+import uuid
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+
+import asyncpg
+
+from memsvc.deadline import Budget
+from memsvc.errors import NotFound
+from memsvc.memories.model import Scope
+from memsvc.storage import outbox
+from memsvc.storage.messages import StoredMessage, insert_messages
+from memsvc.storage.pool import acquire
+
+
+@dataclass(frozen=True)
+class IngestCommand:
+    """A validated Ingest request."""
+
+    scope: Scope
+    session_id: str
+    messages: tuple[StoredMessage, ...]
+    idempotency_key: str
+    end_of_session: bool = False
+    goals: tuple[str, ...] = ()
+    counterpart_persona_id: str = ""
+
+
+@dataclass(frozen=True)
+class IngestReceipt:
+    ingest_id: uuid.UUID
+    duplicate: bool
+    accepted: int
+    dropped: int
+
+
+class IngestService:
+    """The online part of the write path: fast and dumb. Workers do everything else."""
+
+    def __init__(self, pool: asyncpg.Pool, *, acquire_timeout_s: float) -> None:
+        self._pool = pool
+        self._acquire_timeout_s = acquire_timeout_s
+
+    def _connection(self, budget: Budget) -> AbstractAsyncContextManager[asyncpg.Connection]:
+        return acquire(self._pool, budget, timeout_s=self._acquire_timeout_s)
+
+    async def ingest(self, command: IngestCommand, budget: Budget) -> IngestReceipt:
+        """Exactly two writes: the outbox row (its unique key makes retries free), the messages."""
+        ingest_id = uuid.uuid4()
+        payload = {
+            "end_of_session": command.end_of_session,
+            "goals": list(command.goals),
+            "counterpart_persona_id": command.counterpart_persona_id,
+        }
+        async with self._connection(budget) as conn:
+            async with conn.transaction():
+                fresh = await outbox.enqueue(
+                    conn,
+                    command.scope,
+                    ingest_id=ingest_id,
+                    idempotency_key=command.idempotency_key,
+                    session_id=command.session_id,
+                    payload=payload,
+                )
+                accepted = (
+                    await insert_messages(conn, command.scope, ingest_id, command.messages)
+                    if fresh
+                    else 0
+                )
+            if not fresh:
+                first = await outbox.ingest_id_for_key(
+                    conn, command.scope.tenant_id, command.idempotency_key
+                )
+                assert first is not None, "a conflicting key always has a row"
+                return IngestReceipt(first, duplicate=True, accepted=0, dropped=0)
+        return IngestReceipt(
+            ingest_id, duplicate=False, accepted=accepted, dropped=len(command.messages) - accepted
+        )
+
+    async def status(
+        self, tenant_id: str, ingest_id: uuid.UUID, scope: Scope | None, budget: Budget
+    ) -> outbox.JobStatus:
+        """The job's status, visible only within the tenant (and the exact scope when given)."""
+        async with self._connection(budget) as conn:
+            found = await outbox.status(conn, tenant_id, ingest_id)
+        if found is None or (scope is not None and found.scope != scope):
+            raise NotFound(f"ingest {ingest_id} not found")
+        return found

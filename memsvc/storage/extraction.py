@@ -1,0 +1,282 @@
+"""SQL of the extraction workers: run idempotency, dedup look-ups, quota, episodes, topics."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+import numpy as np
+import orjson
+
+from memsvc.extraction.base import CandidateEpisode, ExistingFact
+from memsvc.memories.model import Scope
+
+
+def _scope(scope: Scope) -> tuple[str, str, str, str]:
+    return (scope.tenant_id, scope.user_id, scope.persona_id, scope.agent_id)
+
+
+_EXACT_SCOPE = "tenant_id = $1 AND user_id = $2 AND persona_id = $3 AND agent_id = $4"
+
+
+async def lock_user(conn: asyncpg.Connection, tenant_id: str, user_id: str) -> None:
+    """Serialise one user's extraction transactions (dedup must see the other's facts)."""
+    await conn.execute(
+        "SELECT pg_advisory_xact_lock(hashtextextended($1, 7))", f"{tenant_id}\x00{user_id}"
+    )
+
+
+async def claim_run(
+    conn: asyncpg.Connection, scope: Scope, ingest_id: uuid.UUID, session_id: str
+) -> bool:
+    """Record that this job's extraction for this speaker is being committed; False if it was.
+
+    Inside the speaker's transaction: a concurrent duplicate blocks on the key, then skips.
+    """
+    inserted = await conn.fetchval(
+        "INSERT INTO extraction_runs (tenant_id, user_id, persona_id, agent_id, ingest_id,"
+        " session_id) VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING RETURNING true",
+        *_scope(scope),
+        ingest_id,
+        session_id,
+    )
+    return bool(inserted)
+
+
+async def finish_run(
+    conn: asyncpg.Connection, scope: Scope, ingest_id: uuid.UUID, outcome: dict[str, int]
+) -> None:
+    await conn.execute(
+        f"UPDATE extraction_runs SET outcome = $6 WHERE {_EXACT_SCOPE} AND ingest_id = $5",
+        *_scope(scope),
+        ingest_id,
+        orjson.dumps(outcome).decode(),
+    )
+
+
+async def run_outcome(
+    conn: asyncpg.Connection, scope: Scope, ingest_id: uuid.UUID
+) -> dict[str, int] | None:
+    """The stored outcome of a committed speaker run, or None when it has not run."""
+    raw = await conn.fetchval(
+        f"SELECT outcome FROM extraction_runs WHERE {_EXACT_SCOPE} AND ingest_id = $5",
+        *_scope(scope),
+        ingest_id,
+    )
+    if raw is None:
+        return None
+    value: dict[str, int] = orjson.loads(raw)
+    return value
+
+
+_FACT_COLUMNS = "memory_id, content, subject, predicate, object"
+
+
+def _existing(row: asyncpg.Record, similarity: float = 1.0) -> ExistingFact:
+    return ExistingFact(
+        memory_id=row["memory_id"],
+        content=row["content"],
+        subject=row["subject"],
+        predicate=row["predicate"],
+        object=row["object"],
+        similarity=similarity,
+    )
+
+
+async def exact_active(
+    conn: asyncpg.Connection, scope: Scope, content_hash: bytes
+) -> ExistingFact | None:
+    row = await conn.fetchrow(
+        f"SELECT {_FACT_COLUMNS} FROM memories WHERE {_EXACT_SCOPE}"
+        " AND content_hash = $5 AND invalid_at IS NULL",
+        *_scope(scope),
+        content_hash,
+    )
+    return _existing(row) if row is not None else None
+
+
+async def active_with_predicates(
+    conn: asyncpg.Connection, scope: Scope, subject: str, predicates: Sequence[str]
+) -> list[ExistingFact]:
+    rows = await conn.fetch(
+        f"SELECT {_FACT_COLUMNS} FROM memories WHERE {_EXACT_SCOPE}"
+        " AND invalid_at IS NULL AND subject = $5 AND predicate = ANY($6::text[])"
+        " ORDER BY recorded_at DESC",
+        *_scope(scope),
+        subject,
+        list(predicates),
+    )
+    return [_existing(r) for r in rows]
+
+
+async def nearest_active(
+    conn: asyncpg.Connection, scope: Scope, vector: np.ndarray, k: int
+) -> list[ExistingFact]:
+    """The k most similar active facts of exactly this scope, computed exactly.
+
+    The MATERIALIZED scope subquery keeps the planner off the global HNSW index, which would
+    return the nearest rows of all users and filter afterwards (missing this user's).
+    """
+    rows = await conn.fetch(
+        f"""
+        WITH scoped AS MATERIALIZED (
+            SELECT {_FACT_COLUMNS}, embedding FROM memories
+            WHERE {_EXACT_SCOPE} AND invalid_at IS NULL AND embedding IS NOT NULL
+        )
+        SELECT {_FACT_COLUMNS}, 1 - (embedding <=> $5) AS similarity
+        FROM scoped ORDER BY embedding <=> $5 LIMIT $6
+        """,
+        *_scope(scope),
+        vector,
+        k,
+    )
+    return [_existing(r, float(r["similarity"])) for r in rows]
+
+
+async def reinforce(
+    conn: asyncpg.Connection, scope: Scope, memory_id: uuid.UUID, source_ids: Sequence[str]
+) -> None:
+    await conn.execute(
+        f"UPDATE memories SET reinforced_count = reinforced_count + 1,"
+        " last_reinforced_at = now(),"
+        " source_message_ids = ARRAY(SELECT DISTINCT unnest(source_message_ids || $6::text[])"
+        " ORDER BY 1)"
+        f" WHERE {_EXACT_SCOPE} AND memory_id = $5",
+        *_scope(scope),
+        memory_id,
+        list(source_ids),
+    )
+
+
+async def take_quota(conn: asyncpg.Connection, tenant_id: str, user_id: str, limit: int) -> bool:
+    """Count one new memory against today's quota; False (and nothing counted) when used up."""
+    taken = await conn.fetchval(
+        "INSERT INTO quota_counters (tenant_id, user_id, day, inserted)"
+        " VALUES ($1, $2, current_date, 1)"
+        " ON CONFLICT (tenant_id, user_id, day) DO UPDATE"
+        " SET inserted = quota_counters.inserted + 1 WHERE quota_counters.inserted < $3"
+        " RETURNING true",
+        tenant_id,
+        user_id,
+        limit,
+    )
+    return bool(taken) and limit > 0
+
+
+async def episode_summary(
+    conn: asyncpg.Connection, scope: Scope, session_id: str
+) -> asyncpg.Record | None:
+    """The session's episode so far (a session ingested turn by turn grows one episode)."""
+    row: asyncpg.Record | None = await conn.fetchrow(
+        f"SELECT episode_id, title, summary, excerpt, source_message_ids, started_at"
+        f" FROM episodes WHERE {_EXACT_SCOPE} AND session_id = $5",
+        *_scope(scope),
+        session_id,
+    )
+    return row
+
+
+async def upsert_episode(
+    conn: asyncpg.Connection,
+    scope: Scope,
+    session_id: str,
+    episode: CandidateEpisode,
+    *,
+    started_at: datetime,
+    ended_at: datetime,
+    embedding: np.ndarray | None,
+    embedding_model: str,
+) -> uuid.UUID:
+    episode_id: uuid.UUID = await conn.fetchval(
+        """
+        INSERT INTO episodes (tenant_id, user_id, persona_id, agent_id, episode_id, session_id,
+                              title, summary, excerpt, source_message_ids, started_at, ended_at,
+                              embedding, embedding_model, embedding_state)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+        ON CONFLICT (tenant_id, user_id, persona_id, agent_id, session_id) DO UPDATE SET
+            title = EXCLUDED.title, summary = EXCLUDED.summary, excerpt = EXCLUDED.excerpt,
+            source_message_ids = EXCLUDED.source_message_ids,
+            started_at = least(episodes.started_at, EXCLUDED.started_at),
+            ended_at = greatest(episodes.ended_at, EXCLUDED.ended_at),
+            embedding = EXCLUDED.embedding, embedding_model = EXCLUDED.embedding_model,
+            embedding_state = EXCLUDED.embedding_state
+        RETURNING episode_id
+        """,
+        *_scope(scope),
+        uuid.uuid4(),
+        session_id,
+        episode.title,
+        episode.summary,
+        episode.excerpt,
+        list(episode.source_message_ids),
+        started_at,
+        ended_at,
+        embedding,
+        embedding_model if embedding is not None else "",
+        "ok" if embedding is not None else "missing",
+    )
+    return episode_id
+
+
+async def upsert_topic(
+    conn: asyncpg.Connection,
+    scope: Scope,
+    name: str,
+    *,
+    seen_at: datetime,
+    embedding: np.ndarray | None,
+    embedding_model: str,
+) -> uuid.UUID:
+    """Merge into this user's own topic of that name, or create it (never another user's)."""
+    topic_id: uuid.UUID = await conn.fetchval(
+        """
+        INSERT INTO topics (tenant_id, user_id, persona_id, agent_id, topic_id, name,
+                            last_episode_at, embedding, embedding_model, embedding_state)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+        ON CONFLICT (tenant_id, user_id, persona_id, agent_id, name) DO UPDATE SET
+            weight = topics.weight + 1,
+            last_episode_at = greatest(topics.last_episode_at, EXCLUDED.last_episode_at)
+        RETURNING topic_id
+        """,
+        *_scope(scope),
+        uuid.uuid4(),
+        name,
+        seen_at,
+        embedding,
+        embedding_model if embedding is not None else "",
+        "ok" if embedding is not None else "missing",
+    )
+    return topic_id
+
+
+async def link(
+    conn: asyncpg.Connection,
+    scope: Scope,
+    *,
+    episode_id: uuid.UUID,
+    topic_ids: Sequence[uuid.UUID] = (),
+    memory_ids: Sequence[uuid.UUID] = (),
+) -> None:
+    """Edges topic -> episode and episode -> memory; repeated links add weight."""
+    args: list[Any] = [scope.tenant_id, scope.user_id, episode_id]
+    if topic_ids:
+        await conn.execute(
+            "INSERT INTO topic_episodes (tenant_id, user_id, topic_id, episode_id)"
+            " SELECT $1, $2, t, $3 FROM unnest($4::uuid[]) AS t"
+            " ON CONFLICT (tenant_id, user_id, topic_id, episode_id)"
+            " DO UPDATE SET weight = topic_episodes.weight + 1",
+            *args,
+            list(topic_ids),
+        )
+    if memory_ids:
+        await conn.execute(
+            "INSERT INTO episode_memories (tenant_id, user_id, episode_id, memory_id)"
+            " SELECT $1, $2, $3, m FROM unnest($4::uuid[]) AS m"
+            " ON CONFLICT (tenant_id, user_id, episode_id, memory_id)"
+            " DO UPDATE SET weight = episode_memories.weight + 1",
+            *args,
+            list(dict.fromkeys(memory_ids)),
+        )

@@ -1,0 +1,98 @@
+"""SQL for the messages table: the searchable conversation history (recall tier)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+import asyncpg
+import numpy as np
+
+from memsvc.memories.model import Scope
+
+
+@dataclass(frozen=True)
+class StoredMessage:
+    """One message as Ingest stores it."""
+
+    session_id: str
+    message_id: str
+    sender_id: str
+    role: str  # user | assistant | system | tool
+    text: str
+    sent_at: datetime
+
+
+async def insert_messages(
+    conn: asyncpg.Connection,
+    scope: Scope,
+    ingest_id: uuid.UUID,
+    messages: Sequence[StoredMessage],
+) -> int:
+    """Store messages in one statement; ones already stored (same session and id) are skipped.
+
+    Returns how many were new.
+    """
+    if not messages:
+        return 0
+    result: str = await conn.execute(
+        """
+        INSERT INTO messages (tenant_id, user_id, persona_id, agent_id, session_id, message_id,
+                              ingest_id, sender_id, role, text, sent_at)
+        SELECT $1, $2, $3, $4, m.session_id, m.message_id, $5, m.sender_id, m.role, m.text,
+               m.sent_at
+        FROM unnest($6::text[], $7::text[], $8::text[], $9::text[], $10::text[], $11::timestamptz[])
+             AS m(session_id, message_id, sender_id, role, text, sent_at)
+        ON CONFLICT (tenant_id, user_id, persona_id, agent_id, session_id, message_id) DO NOTHING
+        """,
+        scope.tenant_id,
+        scope.user_id,
+        scope.persona_id,
+        scope.agent_id,
+        ingest_id,
+        [m.session_id for m in messages],
+        [m.message_id for m in messages],
+        [m.sender_id for m in messages],
+        [m.role for m in messages],
+        [m.text for m in messages],
+        [m.sent_at for m in messages],
+    )
+    return int(result.split()[-1])
+
+
+async def messages_of_ingest(
+    conn: asyncpg.Connection, scope: Scope, ingest_id: uuid.UUID
+) -> list[asyncpg.Record]:
+    """The messages an ingest stored, in conversation order."""
+    rows: list[asyncpg.Record] = await conn.fetch(
+        "SELECT session_id, message_id, sender_id, role, text, sent_at, embedding_state"
+        " FROM messages WHERE tenant_id = $1 AND user_id = $2 AND persona_id = $3"
+        " AND agent_id = $4 AND ingest_id = $5 ORDER BY sent_at, message_id",
+        scope.tenant_id,
+        scope.user_id,
+        scope.persona_id,
+        scope.agent_id,
+        ingest_id,
+    )
+    return rows
+
+
+async def set_message_embeddings(
+    conn: asyncpg.Connection,
+    scope: Scope,
+    keys: Sequence[tuple[str, str]],
+    vectors: np.ndarray,
+    model_id: str,
+) -> None:
+    """Store embeddings of (session_id, message_id) rows and mark their projection ok."""
+    await conn.executemany(
+        "UPDATE messages SET embedding = $7, embedding_model = $8, embedding_state = 'ok'"
+        " WHERE tenant_id = $1 AND user_id = $2 AND persona_id = $3 AND agent_id = $4"
+        " AND session_id = $5 AND message_id = $6",
+        [
+            (scope.tenant_id, scope.user_id, scope.persona_id, scope.agent_id, s, m, v, model_id)
+            for (s, m), v in zip(keys, vectors, strict=True)
+        ],
+    )

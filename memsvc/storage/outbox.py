@@ -1,0 +1,212 @@
+"""The ingest outbox: enqueue with an idempotency key, claim with SKIP LOCKED and a lease."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+import orjson
+
+from memsvc.memories.model import Scope
+
+
+@dataclass(frozen=True)
+class Job:
+    """One claimed ingest job."""
+
+    scope: Scope
+    ingest_id: uuid.UUID
+    session_id: str
+    payload: dict[str, Any]
+    attempts: int
+    leased_by: str
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    scope: Scope
+    ingest_id: uuid.UUID
+    session_id: str
+    state: str
+    attempts: int
+    last_error: str
+    result: dict[str, int]
+    created_at: datetime
+    finished_at: datetime | None
+
+
+async def enqueue(
+    conn: asyncpg.Connection,
+    scope: Scope,
+    *,
+    ingest_id: uuid.UUID,
+    idempotency_key: str,
+    session_id: str,
+    payload: dict[str, Any],
+) -> bool:
+    """Insert the job; False when the tenant already used this idempotency key."""
+    inserted = await conn.fetchval(
+        "INSERT INTO ingest_outbox (tenant_id, user_id, persona_id, agent_id, ingest_id,"
+        " idempotency_key, session_id, payload) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
+        " ON CONFLICT (tenant_id, idempotency_key) DO NOTHING RETURNING true",
+        scope.tenant_id,
+        scope.user_id,
+        scope.persona_id,
+        scope.agent_id,
+        ingest_id,
+        idempotency_key,
+        session_id,
+        orjson.dumps(payload).decode(),
+    )
+    return bool(inserted)
+
+
+async def ingest_id_for_key(
+    conn: asyncpg.Connection, tenant_id: str, idempotency_key: str
+) -> uuid.UUID | None:
+    value: uuid.UUID | None = await conn.fetchval(
+        "SELECT ingest_id FROM ingest_outbox WHERE tenant_id = $1 AND idempotency_key = $2",
+        tenant_id,
+        idempotency_key,
+    )
+    return value
+
+
+# A job is claimable when it is due and pending, or when its holder's lease ran out (a crashed
+# worker). One user's jobs run one at a time and oldest first, so a later turn is never
+# decided before an earlier one.
+_CLAIM = """
+WITH candidates AS (
+    SELECT o.tenant_id, o.user_id, o.ingest_id
+    FROM ingest_outbox o
+    WHERE ((o.state = 'pending' AND o.available_at <= now())
+           OR (o.state = 'processing' AND o.lease_until < now()))
+      {user_filter}
+      AND NOT EXISTS (
+          SELECT 1 FROM ingest_outbox p
+          WHERE p.tenant_id = o.tenant_id AND p.user_id = o.user_id
+            AND p.ingest_id <> o.ingest_id
+            AND ((p.state = 'processing' AND p.lease_until >= now())
+                 OR (p.state IN ('pending', 'processing') AND p.created_at < o.created_at)))
+    ORDER BY o.available_at
+    LIMIT $3
+    FOR UPDATE OF o SKIP LOCKED
+)
+UPDATE ingest_outbox t
+SET state = 'processing', attempts = t.attempts + 1,
+    lease_until = now() + make_interval(secs => $1), leased_by = $2
+FROM candidates c
+WHERE t.tenant_id = c.tenant_id AND t.user_id = c.user_id AND t.ingest_id = c.ingest_id
+RETURNING t.tenant_id, t.user_id, t.persona_id, t.agent_id, t.ingest_id, t.session_id,
+          t.payload, t.attempts, t.leased_by
+"""
+
+
+async def claim(
+    conn: asyncpg.Connection,
+    *,
+    worker_id: str,
+    lease_s: float,
+    limit: int,
+    tenant_id: str | None = None,
+    user_id: str | None = None,
+) -> list[Job]:
+    """Claim up to `limit` due jobs (optionally one user's), leasing them to this worker."""
+    args: list[Any] = [lease_s, worker_id, limit]
+    user_filter = ""
+    if tenant_id is not None and user_id is not None:
+        user_filter = "AND o.tenant_id = $4 AND o.user_id = $5"
+        args += [tenant_id, user_id]
+    rows = await conn.fetch(_CLAIM.format(user_filter=user_filter), *args)
+    return [
+        Job(
+            scope=Scope(r["tenant_id"], r["user_id"], r["persona_id"], r["agent_id"]),
+            ingest_id=r["ingest_id"],
+            session_id=r["session_id"],
+            payload=orjson.loads(r["payload"]),
+            attempts=r["attempts"],
+            leased_by=r["leased_by"],
+        )
+        for r in rows
+    ]
+
+
+def _job_key(job: Job) -> tuple[str, str, uuid.UUID, str]:
+    return (job.scope.tenant_id, job.scope.user_id, job.ingest_id, job.leased_by)
+
+
+async def complete(conn: asyncpg.Connection, job: Job, outcome: dict[str, int]) -> bool:
+    """Mark the job done; False when the lease was lost to another worker meanwhile."""
+    status: str = await conn.execute(
+        "UPDATE ingest_outbox SET state = 'done', result = $5, finished_at = now(),"
+        " lease_until = NULL, last_error = ''"
+        " WHERE tenant_id = $1 AND user_id = $2 AND ingest_id = $3 AND leased_by = $4"
+        " AND state = 'processing'",
+        *_job_key(job),
+        orjson.dumps(outcome).decode(),
+    )
+    return status.endswith(" 1")
+
+
+async def retry_later(conn: asyncpg.Connection, job: Job, error_kind: str, delay_s: float) -> None:
+    """Give the job back, due again after `delay_s`."""
+    await conn.execute(
+        "UPDATE ingest_outbox SET state = 'pending', last_error = $5, lease_until = NULL,"
+        " available_at = now() + make_interval(secs => $6)"
+        " WHERE tenant_id = $1 AND user_id = $2 AND ingest_id = $3 AND leased_by = $4"
+        " AND state = 'processing'",
+        *_job_key(job),
+        error_kind,
+        delay_s,
+    )
+
+
+async def mark_dead(conn: asyncpg.Connection, job: Job, error_kind: str) -> None:
+    """Give up on the job: it stays visible in status, and is never claimed again."""
+    await conn.execute(
+        "UPDATE ingest_outbox SET state = 'dead', last_error = $5, lease_until = NULL,"
+        " finished_at = now()"
+        " WHERE tenant_id = $1 AND user_id = $2 AND ingest_id = $3 AND leased_by = $4"
+        " AND state = 'processing'",
+        *_job_key(job),
+        error_kind,
+    )
+
+
+async def status(
+    conn: asyncpg.Connection, tenant_id: str, ingest_id: uuid.UUID
+) -> JobStatus | None:
+    """The job's state within the tenant (callers re-check the scope)."""
+    r = await conn.fetchrow(
+        "SELECT tenant_id, user_id, persona_id, agent_id, ingest_id, session_id, state, attempts,"
+        " last_error, result, created_at, finished_at"
+        " FROM ingest_outbox WHERE tenant_id = $1 AND ingest_id = $2",
+        tenant_id,
+        ingest_id,
+    )
+    if r is None:
+        return None
+    return JobStatus(
+        scope=Scope(r["tenant_id"], r["user_id"], r["persona_id"], r["agent_id"]),
+        ingest_id=r["ingest_id"],
+        session_id=r["session_id"],
+        state=r["state"],
+        attempts=r["attempts"],
+        last_error=r["last_error"],
+        result=orjson.loads(r["result"]),
+        created_at=r["created_at"],
+        finished_at=r["finished_at"],
+    )
+
+
+async def depth(conn: asyncpg.Connection) -> tuple[int, float]:
+    """(jobs waiting, age in seconds of the oldest) across all tenants, for metrics."""
+    row = await conn.fetchrow(
+        "SELECT count(*) AS n, coalesce(extract(epoch FROM now() - min(created_at)), 0) AS age"
+        " FROM ingest_outbox WHERE state IN ('pending', 'processing')"
+    )
+    assert row is not None
+    return int(row["n"]), float(row["age"])

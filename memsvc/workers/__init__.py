@@ -1,0 +1,1 @@
+"""Durable background work: the outbox worker (extraction) and the embedding reconciler."""

@@ -1,0 +1,271 @@
+"""The outbox worker: claim due jobs (SKIP LOCKED + lease), run them, retry with backoff.
+
+Woken by LISTEN/NOTIFY on new jobs, by a periodic sweep (inactive users' sessions, expired
+leases, due retries), and by `kick(tenant, user)` when a user with pending work reads
+(so an active user's memories exist before the next turn). All three go through the same
+claim, so no job is ever processed twice at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import asyncpg
+
+from memsvc import metrics
+from memsvc.extraction.pipeline import ExtractionPipeline, Outcome
+from memsvc.storage import outbox
+from memsvc.storage.outbox import Job
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "memsvc_outbox"
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    concurrency: int = 2
+    lease_s: float = 120.0
+    # Well under the lease, so a live worker never loses a job it is still running.
+    job_timeout_s: float = 90.0
+    max_attempts: int = 5
+    backoff_base_s: float = 2.0
+    backoff_max_s: float = 300.0
+    sweep_interval_s: float = 15.0
+    reconcile_interval_s: float = 60.0
+
+
+def backoff_delay(attempts: int, settings: WorkerSettings, rng: random.Random) -> float:
+    """Exponential backoff with full jitter: base * 2^(n-1), capped, times U(0.5, 1.5)."""
+    raw = min(settings.backoff_max_s, settings.backoff_base_s * 2 ** max(0, attempts - 1))
+    return float(raw * rng.uniform(0.5, 1.5))
+
+
+class OutboxWorker:
+    """Runs extraction jobs with bounded concurrency; stop() drains gracefully."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        pipeline: ExtractionPipeline,
+        settings: WorkerSettings,
+        *,
+        dsn: str,
+        worker_id: str | None = None,
+        periodic: Callable[[], Awaitable[object]] | None = None,
+    ) -> None:
+        self._pool = pool
+        self._pipeline = pipeline
+        self._settings = settings
+        self._dsn = dsn
+        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
+        self._periodic = periodic
+        self._slots = asyncio.Semaphore(settings.concurrency)
+        self._wake = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._tasks: set[asyncio.Task[object]] = set()
+        self._jobs: set[asyncio.Task[object]] = set()
+        self._kicked: set[tuple[str, str]] = set()
+        self._rng = random.Random()
+        self._last_periodic = 0.0
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._spawn(self._listen(), self._tasks)
+        self._spawn(self._loop(), self._tasks)
+
+    async def stop(self, grace_s: float) -> None:
+        """Stop claiming; let running jobs finish within the grace period; give back the rest."""
+        self._stopping.set()
+        self._wake.set()
+        if self._jobs:
+            _, pending = await asyncio.wait(set(self._jobs), timeout=grace_s)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=5)
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=5)
+
+    def _spawn(self, coro: Awaitable[object], into: set[asyncio.Task[object]]) -> None:
+        task: asyncio.Task[object] = asyncio.ensure_future(coro)
+        into.add(task)
+        task.add_done_callback(into.discard)
+
+    # -- triggers ----------------------------------------------------------------------------
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def kick(self, tenant_id: str, user_id: str) -> None:
+        """Drain this user's due jobs now (fire and forget; concurrent kicks coalesce)."""
+        key = (tenant_id, user_id)
+        if self._stopping.is_set() or key in self._kicked:
+            return
+        self._kicked.add(key)
+
+        async def drain() -> None:
+            try:
+                await self._claim_and_run(tenant_id=tenant_id, user_id=user_id)
+            finally:
+                self._kicked.discard(key)
+
+        self._spawn(drain(), self._tasks)
+
+    async def drain(self) -> int:
+        """Run every due job now and wait for them (tests, `memsvc worker --once`)."""
+        total = 0
+        while True:
+            claimed = await self._claim_and_run()
+            await self._wait_jobs()
+            if claimed == 0:
+                return total
+            total += claimed
+
+    async def _wait_jobs(self) -> None:
+        while self._jobs:
+            await asyncio.wait(set(self._jobs))
+
+    # -- loops -------------------------------------------------------------------------------
+
+    async def _loop(self) -> None:
+        while not self._stopping.is_set():
+            self._wake.clear()
+            try:
+                await self._claim_and_run()
+                await self._maybe_periodic()
+            except (asyncpg.PostgresError, OSError, TimeoutError) as exc:
+                log.warning("worker loop: %s; retrying", type(exc).__name__)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=self._settings.sweep_interval_s)
+
+    async def _maybe_periodic(self) -> None:
+        now = time.monotonic()
+        if (
+            self._periodic is None
+            or now - self._last_periodic < self._settings.reconcile_interval_s
+        ):
+            return
+        self._last_periodic = now
+        await self._periodic()
+        async with self._pool.acquire() as conn:
+            depth, age = await outbox.depth(conn)
+        metrics.OUTBOX_DEPTH.set(depth)
+        metrics.OUTBOX_AGE.set(age)
+
+    async def _listen(self) -> None:
+        """LISTEN for new jobs on a dedicated connection; reconnect with backoff when it drops."""
+        delay = 0.5
+        while not self._stopping.is_set():
+            conn: asyncpg.Connection | None = None
+            try:
+                conn = await asyncpg.connect(self._dsn, timeout=10)
+                lost = asyncio.Event()
+                conn.add_termination_listener(lambda _c, lost=lost: lost.set())
+                await conn.add_listener(CHANNEL, lambda *_args: self._wake.set())
+                delay = 0.5
+                # Jobs may have arrived while we were not listening.
+                self._wake.set()
+                await lost.wait()
+            except (asyncpg.PostgresError, OSError, TimeoutError) as exc:
+                log.info("outbox listener unavailable (%s); retrying", type(exc).__name__)
+            finally:
+                if conn is not None and not conn.is_closed():
+                    await conn.close(timeout=2)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 10.0)
+
+    # -- claiming and running ------------------------------------------------------------------
+
+    async def _claim_and_run(
+        self, *, tenant_id: str | None = None, user_id: str | None = None
+    ) -> int:
+        claimed = 0
+        while not self._stopping.is_set():
+            free = self._settings.concurrency - (len(self._jobs))
+            if free <= 0:
+                if user_id is None:
+                    return claimed
+                await asyncio.wait(set(self._jobs), return_when=asyncio.FIRST_COMPLETED)
+                continue
+            async with self._pool.acquire() as conn:
+                jobs = await outbox.claim(
+                    conn,
+                    worker_id=self.worker_id,
+                    lease_s=self._settings.lease_s,
+                    limit=free,
+                    tenant_id=tenant_id,
+                    user_id=user_id,
+                )
+            if not jobs:
+                return claimed
+            for job in jobs:
+                self._spawn(self._run(job), self._jobs)
+            claimed += len(jobs)
+            if user_id is not None:
+                # One user's jobs run oldest first, one at a time: wait before claiming more.
+                await self._wait_jobs()
+        return claimed
+
+    async def _run(self, job: Job) -> None:
+        started = time.perf_counter()
+        if job.attempts > self._settings.max_attempts:
+            # Claimed again after its last attempt's lease expired (that worker died mid-job).
+            await asyncio.shield(self._failed(job, TimeoutError("lease expired")))
+            return
+        try:
+            async with asyncio.timeout(self._settings.job_timeout_s):
+                outcome = await self._pipeline.run(job)
+        except asyncio.CancelledError:
+            # Shutdown: hand the job back at once rather than waiting for the lease to expire.
+            await asyncio.shield(self._give_back(job, "shutdown", 0.0))
+            raise
+        except Exception as exc:
+            await asyncio.shield(self._failed(job, exc))
+            return
+        finally:
+            metrics.JOB_SECONDS.observe(time.perf_counter() - started)
+        await asyncio.shield(self._done(job, outcome))
+
+    async def _done(self, job: Job, outcome: Outcome) -> None:
+        async with self._pool.acquire() as conn:
+            kept = await outbox.complete(conn, job, outcome.as_dict())
+        metrics.INGEST_JOBS.labels("done" if kept else "lease_lost").inc()
+        for kind, value in outcome.as_dict().items():
+            if value:
+                metrics.EXTRACTION_OUTCOMES.labels(kind).inc(value)
+
+    async def _give_back(self, job: Job, kind: str, delay_s: float) -> None:
+        async with self._pool.acquire() as conn:
+            await outbox.retry_later(conn, job, kind, delay_s)
+
+    async def _failed(self, job: Job, exc: BaseException) -> None:
+        kind = type(exc).__name__
+        if job.attempts >= self._settings.max_attempts:
+            async with self._pool.acquire() as conn:
+                await outbox.mark_dead(conn, job, kind)
+            metrics.INGEST_DEAD.inc()
+            metrics.INGEST_JOBS.labels("dead").inc()
+            log.error("ingest %s is dead after %d attempts (%s)", job.ingest_id, job.attempts, kind)
+            return
+        delay = backoff_delay(job.attempts, self._settings, self._rng)
+        await self._give_back(job, kind, delay)
+        metrics.INGEST_JOBS.labels("retry").inc()
+        log.warning(
+            "ingest %s attempt %d failed (%s); retry in %.1fs",
+            job.ingest_id,
+            job.attempts,
+            kind,
+            delay,
+        )
