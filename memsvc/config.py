@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,16 @@ def _parse_int(name: str, raw: str, *, minimum: int = 0) -> int:
         raise ConfigError(f"{name}: expected an integer, got {raw!r}") from None
     if value < minimum:
         raise ConfigError(f"{name}: must be >= {minimum}, got {value}")
+    return value
+
+
+def _parse_float(name: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}: expected a number, got {raw!r}") from None
+    if value != value or value < 0:
+        raise ConfigError(f"{name}: must be a non-negative number, got {raw!r}")
     return value
 
 
@@ -79,6 +90,31 @@ class Settings:
     max_page_size: int = 500
     default_page_size: int = 50
 
+    # Write path: Ingest limits, extraction and the workers.
+    max_messages_per_ingest: int = 200
+    max_message_chars: int = 8_000
+    max_goals: int = 20
+    extractor: str = "rules"
+    openai_chat_base_url: str = "https://api.openai.com"
+    openai_chat_model: str = "gpt-4o-mini"
+    openai_chat_api_key: str = field(default="", repr=False)
+    extractor_timeout_ms: int = 20_000
+    # Only USER-role senders whose id matches accrue memories (bots, system ids excluded).
+    user_id_pattern: str = r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}"
+    confidence_floor: float = 0.5
+    dedup_upper: float = 0.92
+    dedup_lower: float = 0.75
+    max_facts_per_episode: int = 50
+    daily_fact_quota: int = 200
+    run_workers: bool = True
+    worker_concurrency: int = 2
+    worker_lease_s: float = 120.0
+    worker_job_timeout_s: float = 90.0
+    worker_max_attempts: int = 5
+    worker_backoff_base_s: float = 2.0
+    worker_sweep_interval_s: float = 15.0
+    reconcile_interval_s: float = 60.0
+
     # Used when a write RPC arrives without a deadline: writes are bounded too.
     default_write_deadline_ms: int = 5_000
     # Kept back from a call's deadline to serialize and send the answer.
@@ -107,6 +143,11 @@ class Settings:
             "OPENAI_BASE_URL": "openai_base_url",
             "OPENAI_EMBEDDING_MODEL": "openai_embedding_model",
             "OPENAI_API_KEY": "openai_api_key",
+            "EXTRACTOR": "extractor",
+            "OPENAI_CHAT_BASE_URL": "openai_chat_base_url",
+            "OPENAI_CHAT_MODEL": "openai_chat_model",
+            "OPENAI_CHAT_API_KEY": "openai_chat_api_key",
+            "USER_ID_PATTERN": "user_id_pattern",
         }
         for env_name, attr in str_fields.items():
             raw = get(env_name)
@@ -125,11 +166,34 @@ class Settings:
             "MAX_CONTENT_CHARS": "max_content_chars",
             "MAX_PAGE_SIZE": "max_page_size",
             "DEADLINE_MARGIN_MS": "deadline_margin_ms",
+            "MAX_MESSAGES_PER_INGEST": "max_messages_per_ingest",
+            "MAX_MESSAGE_CHARS": "max_message_chars",
+            "EXTRACTOR_TIMEOUT_MS": "extractor_timeout_ms",
+            "MAX_FACTS_PER_EPISODE": "max_facts_per_episode",
+            "DAILY_FACT_QUOTA": "daily_fact_quota",
+            "WORKER_CONCURRENCY": "worker_concurrency",
+            "WORKER_MAX_ATTEMPTS": "worker_max_attempts",
         }
         for env_name, attr in int_fields.items():
             raw = get(env_name)
             if raw is not None:
                 values[attr] = _parse_int(f"MEMSVC_{env_name}", raw)
+        float_fields = {
+            "CONFIDENCE_FLOOR": "confidence_floor",
+            "DEDUP_UPPER": "dedup_upper",
+            "DEDUP_LOWER": "dedup_lower",
+            "WORKER_LEASE_S": "worker_lease_s",
+            "WORKER_JOB_TIMEOUT_S": "worker_job_timeout_s",
+            "WORKER_BACKOFF_BASE_S": "worker_backoff_base_s",
+            "WORKER_SWEEP_INTERVAL_S": "worker_sweep_interval_s",
+            "RECONCILE_INTERVAL_S": "reconcile_interval_s",
+        }
+        for env_name, attr in float_fields.items():
+            raw = get(env_name)
+            if raw is not None:
+                values[attr] = _parse_float(f"MEMSVC_{env_name}", raw)
+        if (raw := get("RUN_WORKERS")) is not None:
+            values["run_workers"] = parse_bool("MEMSVC_RUN_WORKERS", raw)
         if (raw := get("AUTH_ENABLED")) is not None:
             values["auth_enabled"] = parse_bool("MEMSVC_AUTH_ENABLED", raw)
         if (raw := get("DATA_DIR")) is not None:
@@ -154,5 +218,15 @@ class Settings:
             raise ConfigError("the category and role vocabularies must include 'context'")
         if self.embedder not in ("onnx", "openai"):
             raise ConfigError(f"MEMSVC_EMBEDDER: expected onnx or openai, got {self.embedder!r}")
+        if self.extractor not in ("rules", "openai"):
+            raise ConfigError(f"MEMSVC_EXTRACTOR: expected rules or openai, got {self.extractor!r}")
+        if not 0 <= self.dedup_lower <= self.dedup_upper <= 1:
+            raise ConfigError("MEMSVC_DEDUP_LOWER <= MEMSVC_DEDUP_UPPER, both within 0..1")
+        if self.worker_job_timeout_s >= self.worker_lease_s:
+            raise ConfigError("MEMSVC_WORKER_JOB_TIMEOUT_S must be shorter than the lease")
+        try:
+            re.compile(self.user_id_pattern)
+        except re.error as exc:
+            raise ConfigError(f"MEMSVC_USER_ID_PATTERN: not a regular expression ({exc})") from None
         if self.pg_pool_min > self.pg_pool_max:
             raise ConfigError("MEMSVC_PG_POOL_MIN must not exceed MEMSVC_PG_POOL_MAX")
