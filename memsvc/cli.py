@@ -1,4 +1,4 @@
-"""The `memsvc` command: dev, serve, migrate, keys."""
+"""The `memsvc` command: dev, serve, worker, migrate, keys."""
 
 from __future__ import annotations
 
@@ -6,12 +6,14 @@ import argparse
 import asyncio
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
 import asyncpg
 
 from memsvc.config import ConfigError, Settings
+from memsvc.runtime import Runtime
 from memsvc.server.app import MemsvcServer, serve_until_signalled
 from memsvc.storage import api_keys
 from memsvc.storage.migrate import migrate
@@ -46,6 +48,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--port", type=int)
     serve.add_argument("--host")
+
+    worker = sub.add_parser(
+        "worker", help="run only the extraction workers against MEMSVC_PG_DSN / MEMSVC_REDIS_URL"
+    )
+    worker.add_argument("--once", action="store_true", help="process every due job, then exit")
 
     sub.add_parser("migrate", help="apply database migrations to MEMSVC_PG_DSN and exit")
 
@@ -88,6 +95,27 @@ async def _run_dev(settings: Settings, args: argparse.Namespace) -> None:
     finally:
         log.info("stopping embedded servers")
         await asyncio.to_thread(stack.stop)
+
+
+async def _run_worker(settings: Settings, once: bool) -> None:
+    """Workers on their own: any number of these, on any machines, share one database."""
+    runtime = Runtime(settings, with_worker=True)
+    await runtime.start()
+    try:
+        assert runtime.worker is not None
+        if once:
+            done = await runtime.worker.drain()
+            print(f"processed {done} job(s)")
+            return
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        log.info("memsvc worker %s running", runtime.worker.worker_id)
+        await stop.wait()
+        log.info("draining in-flight jobs (grace %.1fs)", settings.shutdown_grace_s)
+    finally:
+        await runtime.close()
 
 
 async def _run_migrate(settings: Settings) -> None:
@@ -133,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
             settings = settings.with_overrides(grpc_port=args.port, grpc_host=args.host)
             _require_external(settings)
             asyncio.run(serve_until_signalled(MemsvcServer(settings)))
+        elif args.command == "worker":
+            _require_external(settings)
+            asyncio.run(_run_worker(settings, args.once))
         elif args.command == "migrate":
             if not settings.pg_dsn:
                 raise ConfigError("MEMSVC_PG_DSN must be set")

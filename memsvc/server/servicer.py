@@ -19,6 +19,8 @@ from memsvc.errors import (
     Unavailable,
     Unimplemented,
 )
+from memsvc.ingest.service import IngestService
+from memsvc.memories.model import Scope
 from memsvc.memories.service import MemoryService
 from memsvc.server import convert, validate
 from memsvc.server.auth import Authenticator, Metadata
@@ -48,10 +50,22 @@ def _metadata(context: Context) -> Metadata:
 class MemoryServicer(pb_grpc.MemoryServiceServicer):
     """The gRPC face of memsvc. No exception leaves a handler unmapped."""
 
-    def __init__(self, settings: Settings, auth: Authenticator, memories: MemoryService) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        auth: Authenticator,
+        memories: MemoryService,
+        ingest: IngestService,
+        *,
+        on_read: Callable[[Scope], None] | None = None,
+    ) -> None:
         self._settings = settings
         self._auth = auth
         self._memories = memories
+        self._ingest = ingest
+        # Called (never awaited) when a user reads: kicks a drain of that user's pending
+        # ingest work so their memories exist before the next turn.
+        self._on_read = on_read
 
     async def _run(
         self,
@@ -200,12 +214,36 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         await self._unimplemented(context, "Recall", "read path")
         raise AssertionError("unreachable")
 
+    # -- write path ---------------------------------------------------------------------------
+
     async def Ingest(self, request: pb.IngestRequest, context: Context) -> pb.IngestResponse:
-        await self._unimplemented(context, "Ingest", "write path")
-        raise AssertionError("unreachable")
+        async def handle(tenant: str, budget: Budget) -> pb.IngestResponse:
+            command = validate.ingest(request, tenant, self._settings)
+            receipt = await self._ingest.ingest(command, budget)
+            return pb.IngestResponse(
+                ingest_id=str(receipt.ingest_id),
+                duplicate=receipt.duplicate,
+                accepted=receipt.accepted,
+                dropped=receipt.dropped,
+            )
+
+        return await self._run(
+            context, "Ingest", handle, default_deadline_ms=self._write_deadline()
+        )
 
     async def GetIngestStatus(
         self, request: pb.GetIngestStatusRequest, context: Context
     ) -> pb.IngestStatus:
-        await self._unimplemented(context, "GetIngestStatus", "write path")
-        raise AssertionError("unreachable")
+        async def handle(tenant: str, budget: Budget) -> pb.IngestStatus:
+            ingest_id = validate.ingest_id(request.ingest_id)
+            scope = (
+                validate.scope(request.scope, tenant, self._settings)
+                if request.HasField("scope")
+                else None
+            )
+            found = await self._ingest.status(tenant, ingest_id, scope, budget)
+            return convert.ingest_status(found)
+
+        return await self._run(
+            context, "GetIngestStatus", handle, default_deadline_ms=self._write_deadline()
+        )

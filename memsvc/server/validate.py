@@ -15,8 +15,10 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from memsvc.config import Settings
 from memsvc.errors import InvalidArgument
+from memsvc.ingest.service import IngestCommand
 from memsvc.memories.model import ListQuery, NewMemory, Scope, Sharing
 from memsvc.memories.normalize import normalize_content
+from memsvc.storage.messages import StoredMessage
 from memsvc.v1 import memory_pb2 as pb
 
 DEFAULT_EXPLICIT_CONFIDENCE = 0.9
@@ -177,3 +179,92 @@ def list_query(request: pb.ListMemoriesRequest, settings: Settings) -> ListQuery
         session_id=identifier(filters.session_id, "filters.session_id", settings, required=False),
         after=decode_page_token(request.page_token) if request.page_token else None,
     )
+
+
+_MESSAGE_ROLES = {
+    pb.MESSAGE_ROLE_USER: "user",
+    pb.MESSAGE_ROLE_ASSISTANT: "assistant",
+    pb.MESSAGE_ROLE_SYSTEM: "system",
+    pb.MESSAGE_ROLE_TOOL: "tool",
+}
+MAX_IDEMPOTENCY_KEY_CHARS = 200
+MAX_GOAL_CHARS = 300
+
+
+def ingest(request: pb.IngestRequest, tenant_id: str, settings: Settings) -> IngestCommand:
+    """A complete, well-formed Ingest, or InvalidArgument naming the first bad field."""
+    owner = scope(request.scope, tenant_id, settings, present=request.HasField("scope"))
+    session_id = identifier(request.session_id, "session_id", settings, required=True)
+    key = request.idempotency_key
+    if not key:
+        raise InvalidArgument("idempotency_key: required (a retry must reuse the same key)")
+    if len(key) > MAX_IDEMPOTENCY_KEY_CHARS or _has_control(key, allow_newlines=False):
+        raise InvalidArgument(
+            f"idempotency_key: at most {MAX_IDEMPOTENCY_KEY_CHARS} printable characters"
+        )
+    if len(request.messages) > settings.max_messages_per_ingest:
+        raise InvalidArgument(
+            f"messages: at most {settings.max_messages_per_ingest} per call; send only new ones"
+        )
+    if not request.messages and not request.goals and not request.end_of_session:
+        raise InvalidArgument("messages: required (or goals, or end_of_session)")
+    seen: set[str] = set()
+    stored: list[StoredMessage] = []
+    for i, m in enumerate(request.messages):
+        field = f"messages[{i}]"
+        message_id = identifier(m.message_id, f"{field}.message_id", settings, required=True)
+        if message_id in seen:
+            raise InvalidArgument(f"{field}.message_id: {message_id!r} appears twice in this call")
+        seen.add(message_id)
+        role = _MESSAGE_ROLES.get(m.role)
+        if role is None:
+            raise InvalidArgument(f"{field}.role: one of USER, ASSISTANT, SYSTEM, TOOL")
+        if not m.HasField("sent_at"):
+            raise InvalidArgument(f"{field}.sent_at: required")
+        text = m.text.strip()
+        if not text:
+            raise InvalidArgument(f"{field}.text: required and must not be blank")
+        if len(text) > settings.max_message_chars:
+            raise InvalidArgument(f"{field}.text: at most {settings.max_message_chars} characters")
+        if _has_control(text, allow_newlines=True):
+            raise InvalidArgument(f"{field}.text: must not contain control characters")
+        stored.append(
+            StoredMessage(
+                session_id=session_id,
+                message_id=message_id,
+                sender_id=identifier(m.sender_id, f"{field}.sender_id", settings, required=True),
+                role=role,
+                text=text,
+                sent_at=timestamp(m.sent_at, f"{field}.sent_at"),
+            )
+        )
+    if len(request.goals) > settings.max_goals:
+        raise InvalidArgument(f"goals: at most {settings.max_goals}")
+    goals = tuple(short_text(g, f"goals[{i}]", MAX_GOAL_CHARS) for i, g in enumerate(request.goals))
+    if any(not g for g in goals):
+        raise InvalidArgument("goals: entries must not be blank")
+    counterpart = identifier(
+        request.counterpart_persona_id, "counterpart_persona_id", settings, required=False
+    )
+    if counterpart and owner.persona_id and counterpart != owner.persona_id:
+        raise InvalidArgument(
+            "counterpart_persona_id: differs from scope.persona_id; a session has one persona"
+        )
+    return IngestCommand(
+        scope=owner,
+        session_id=session_id,
+        messages=tuple(stored),
+        idempotency_key=key,
+        end_of_session=request.end_of_session,
+        goals=goals,
+        counterpart_persona_id=counterpart,
+    )
+
+
+def ingest_id(value: str) -> uuid.UUID:
+    if not value:
+        raise InvalidArgument("ingest_id: required")
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise InvalidArgument(f"ingest_id: {value[:60]!r} is not an ingest id") from None

@@ -25,7 +25,7 @@ _EXACT_SCOPE = "tenant_id = $1 AND user_id = $2 AND persona_id = $3 AND agent_id
 async def lock_user(conn: asyncpg.Connection, tenant_id: str, user_id: str) -> None:
     """Serialise one user's extraction transactions (dedup must see the other's facts)."""
     await conn.execute(
-        "SELECT pg_advisory_xact_lock(hashtextextended($1, 7))", f"{tenant_id}\x00{user_id}"
+        "SELECT pg_advisory_xact_lock(hashtextextended($1, 7))", f"{tenant_id}\x1f{user_id}"
     )
 
 

@@ -1,0 +1,168 @@
+"""The object graph of one memsvc process, built from settings and closed in reverse order."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import AsyncExitStack
+from typing import Self
+
+import asyncpg
+import redis.asyncio as aioredis
+
+from memsvc.cache.invalidation import PacketInvalidator
+from memsvc.config import Settings
+from memsvc.embedding import Embedder
+from memsvc.embedding.factory import build_embedder
+from memsvc.extraction.base import Extractor
+from memsvc.extraction.factory import build_extractor
+from memsvc.extraction.guardrails import Thresholds
+from memsvc.extraction.pipeline import ExtractionPipeline, PipelineSettings
+from memsvc.ingest.service import IngestService
+from memsvc.memories.service import MemoryService
+from memsvc.storage.pool import connect_and_migrate
+from memsvc.workers.outbox_worker import OutboxWorker, WorkerSettings
+from memsvc.workers.reconcile import mark_stale, reconcile_once
+
+
+def embedder_from_settings(settings: Settings) -> Embedder:
+    return build_embedder(
+        settings.embedder,
+        intra_op_threads=settings.onnx_intra_op_threads,
+        base_url=settings.openai_base_url,
+        model=settings.openai_embedding_model,
+        api_key=settings.openai_api_key or None,
+        dimension=settings.embedding_dim,
+        timeout_s=settings.embed_timeout_ms / 1000,
+    )
+
+
+def pipeline_settings(settings: Settings) -> PipelineSettings:
+    return PipelineSettings(
+        categories=settings.categories,
+        roles=settings.roles,
+        thresholds=Thresholds(
+            confidence_floor=settings.confidence_floor,
+            dedup_upper=settings.dedup_upper,
+            dedup_lower=settings.dedup_lower,
+        ),
+        max_facts_per_episode=settings.max_facts_per_episode,
+        daily_quota=settings.daily_fact_quota,
+        user_id_pattern=settings.user_id_pattern,
+        embed_timeout_s=settings.embed_timeout_ms / 1000,
+    )
+
+
+def worker_settings(settings: Settings) -> WorkerSettings:
+    return WorkerSettings(
+        concurrency=settings.worker_concurrency,
+        lease_s=settings.worker_lease_s,
+        job_timeout_s=settings.worker_job_timeout_s,
+        max_attempts=settings.worker_max_attempts,
+        backoff_base_s=settings.worker_backoff_base_s,
+        sweep_interval_s=settings.worker_sweep_interval_s,
+        reconcile_interval_s=settings.reconcile_interval_s,
+    )
+
+
+class Runtime:
+    """Pool, cache client, embedder, extractor, services and (optionally) the outbox worker."""
+
+    pool: asyncpg.Pool
+    redis: aioredis.Redis
+    embedder: Embedder
+    extractor: Extractor
+    invalidator: PacketInvalidator
+    memories: MemoryService
+    ingest: IngestService
+    pipeline: ExtractionPipeline
+    worker: OutboxWorker | None
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        embedder: Embedder | None = None,
+        extractor: Extractor | None = None,
+        with_worker: bool | None = None,
+    ) -> None:
+        self.settings = settings
+        self._given_embedder = embedder
+        self._given_extractor = extractor
+        self._with_worker = settings.run_workers if with_worker is None else with_worker
+        self._stack = AsyncExitStack()
+        self.worker = None
+
+    async def start(self) -> None:
+        settings = self.settings
+        if settings.pg_dsn is None or settings.redis_url is None:
+            raise ValueError("pg_dsn and redis_url must be set before starting")
+        try:
+            await self._build(settings)
+        except BaseException:
+            await self._stack.aclose()
+            raise
+
+    async def _build(self, settings: Settings) -> None:
+        assert settings.pg_dsn is not None and settings.redis_url is not None
+        self.pool = await connect_and_migrate(settings)
+        self._stack.push_async_callback(self.pool.close)
+        self.redis = aioredis.Redis.from_url(
+            settings.redis_url,
+            socket_timeout=settings.redis_timeout_ms / 1000,
+            socket_connect_timeout=settings.redis_timeout_ms / 1000,
+        )
+        self._stack.push_async_callback(self.redis.aclose)
+        if self._given_embedder is not None:
+            self.embedder = self._given_embedder
+        else:
+            self.embedder = await asyncio.to_thread(embedder_from_settings, settings)
+            self._stack.push_async_callback(self.embedder.aclose)
+        if self.embedder.dimension != settings.embedding_dim:
+            raise ValueError(
+                f"the embedder produces {self.embedder.dimension} dimensions but "
+                f"MEMSVC_EMBEDDING_DIM is {settings.embedding_dim}"
+            )
+        if self._given_extractor is not None:
+            self.extractor = self._given_extractor
+        else:
+            self.extractor = build_extractor(settings)
+            self._stack.push_async_callback(self.extractor.aclose)
+        self.invalidator = PacketInvalidator(self.redis, timeout_s=settings.redis_timeout_ms / 1000)
+        acquire_timeout_s = settings.pg_acquire_timeout_ms / 1000
+        self.memories = MemoryService(
+            self.pool,
+            self.embedder,
+            self.invalidator,
+            acquire_timeout_s=acquire_timeout_s,
+            embed_timeout_s=settings.embed_timeout_ms / 1000,
+        )
+        self.ingest = IngestService(self.pool, acquire_timeout_s=acquire_timeout_s)
+        self.pipeline = ExtractionPipeline(
+            self.pool,
+            self.embedder,
+            self.extractor,
+            self.invalidator,
+            pipeline_settings(settings),
+        )
+        if self._with_worker:
+            await mark_stale(self.pool, self.embedder.model_id)
+            worker = OutboxWorker(
+                self.pool,
+                self.pipeline,
+                worker_settings(settings),
+                dsn=settings.pg_dsn,
+                periodic=lambda: reconcile_once(self.pool, self.embedder),
+            )
+            await worker.start()
+            self._stack.push_async_callback(worker.stop, settings.shutdown_grace_s)
+            self.worker = worker
+
+    async def close(self) -> None:
+        await self._stack.aclose()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
