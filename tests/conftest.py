@@ -62,7 +62,9 @@ def embedder() -> Iterator[Embedder]:
 
 @pytest.fixture(scope="session")
 async def server(settings: Settings, embedder: Embedder) -> AsyncIterator[MemsvcServer]:
-    srv = MemsvcServer(settings, embedder=embedder)
+    # Workers off in the shared server: write-path tests drain explicitly (see `drain`), so
+    # no background job races an assertion. Tests of the in-server worker start their own.
+    srv = MemsvcServer(settings, embedder=embedder, with_worker=False)
     await srv.start()
     try:
         yield srv
@@ -74,6 +76,25 @@ async def server(settings: Settings, embedder: Embedder) -> AsyncIterator[Memsvc
 async def pool(server: MemsvcServer) -> asyncpg.Pool:
     assert server.pool is not None
     return server.pool
+
+
+@pytest.fixture
+def drain(server: MemsvcServer) -> Callable[[], Awaitable[int]]:
+    """Run every due ingest job now with a real worker over the server's pipeline."""
+    from memsvc.runtime import worker_settings
+    from memsvc.workers.outbox_worker import OutboxWorker
+
+    async def run() -> int:
+        assert server.settings.pg_dsn is not None
+        worker = OutboxWorker(
+            server.runtime.pool,
+            server.runtime.pipeline,
+            worker_settings(server.settings),
+            dsn=server.settings.pg_dsn,
+        )
+        return await worker.drain()
+
+    return run
 
 
 @pytest.fixture

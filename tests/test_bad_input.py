@@ -136,13 +136,11 @@ async def test_unicode_of_every_script_is_stored_verbatim(caller: Caller) -> Non
     assert {m.content for m in await list_all(caller)} == set(texts)
 
 
-@pytest.mark.parametrize("rpc", ["Prefetch", "Recall", "Ingest", "GetIngestStatus"])
+@pytest.mark.parametrize("rpc", ["Prefetch", "Recall"])
 async def test_unbuilt_rpcs_say_so(caller: Caller, rpc: str) -> None:
     request = {
         "Prefetch": pb.PrefetchRequest(scope=scope()),
         "Recall": pb.RecallRequest(scope=scope(), query="q"),
-        "Ingest": pb.IngestRequest(scope=scope(), session_id="s"),
-        "GetIngestStatus": pb.GetIngestStatusRequest(ingest_id="x"),
     }[rpc]
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await getattr(caller.stub, rpc)(request)

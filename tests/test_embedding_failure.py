@@ -1,4 +1,4 @@
-"""A failed embedding never loses a Remember: the row is stored and its projection marked missing."""
+"""A failed embedding never loses a Remember: stored, with the projection marked missing."""
 
 from __future__ import annotations
 
@@ -41,7 +41,9 @@ async def test_unreachable_embedder_stores_the_memory_unembedded(
     try:
         record, reinforced = await service.remember(
             scope,
-            NewMemory(content="Speaks Portuguese", category="profile", role="context", confidence=0.9),
+            NewMemory(
+                content="Speaks Portuguese", category="profile", role="context", confidence=0.9
+            ),
             Budget(5),
         )
     finally:
