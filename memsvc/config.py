@@ -115,6 +115,40 @@ class Settings:
     worker_sweep_interval_s: float = 15.0
     reconcile_interval_s: float = 60.0
 
+    # Read path: Recall and Prefetch. No deadline on the call -> these defaults.
+    recall_default_deadline_ms: int = 800
+    prefetch_default_deadline_ms: int = 200
+    recall_default_top_k: int = 10
+    recall_max_top_k: int = 100
+    max_query_chars: int = 2_000
+    # Candidates each leg returns before fusion (at least top_k).
+    recall_candidates: int = 50
+    # Reciprocal Rank Fusion constant (score = 1 / (k + rank)).
+    rrf_k: int = 60
+    # A user with at most this many rows in a table gets the exact dense path (every row's
+    # distance, no approximate index); above it, HNSW with pgvector's iterative scan.
+    dense_exact_max_rows: int = 2_000
+    # Query embeddings kept in the in-process LRU.
+    query_embed_cache_size: int = 4_096
+    # Reads (Recall + Prefetch) running at once; beyond it a read is shed at once
+    # with RESOURCE_EXHAUSTED instead of queueing past its deadline.
+    reads_max_in_flight: int = 64
+    # Prefetch packets: cache lifetime, character budget and the walk's limits.
+    packet_ttl_s: int = 600
+    packet_default_chars: int = 4_000
+    packet_max_chars: int = 32_000
+    packet_min_chars: int = 400
+    half_life_days: float = 30.0
+    prefetch_topics: int = 8
+    prefetch_episodes: int = 8
+    prefetch_facts: int = 40
+    # After a cache failure, skip Redis for this long (answers say BYPASSED).
+    cache_retry_after_ms: int = 1_000
+    # TEST ONLY, never read from the environment: a server-side pg_sleep run before the SQL
+    # of a read stage ("dense", "lexical", "prefetch_core", "prefetch_relevant"), so tests
+    # can slow a leg for real. Empty in every real configuration.
+    debug_stage_delays_ms: tuple[tuple[str, int], ...] = ()
+
     # Used when a write RPC arrives without a deadline: writes are bounded too.
     default_write_deadline_ms: int = 5_000
     # Kept back from a call's deadline to serialize and send the answer.
@@ -166,6 +200,19 @@ class Settings:
             "MAX_CONTENT_CHARS": "max_content_chars",
             "MAX_PAGE_SIZE": "max_page_size",
             "DEADLINE_MARGIN_MS": "deadline_margin_ms",
+            "RECALL_DEFAULT_DEADLINE_MS": "recall_default_deadline_ms",
+            "PREFETCH_DEFAULT_DEADLINE_MS": "prefetch_default_deadline_ms",
+            "RECALL_CANDIDATES": "recall_candidates",
+            "RRF_K": "rrf_k",
+            "DENSE_EXACT_MAX_ROWS": "dense_exact_max_rows",
+            "QUERY_EMBED_CACHE_SIZE": "query_embed_cache_size",
+            "READS_MAX_IN_FLIGHT": "reads_max_in_flight",
+            "PACKET_TTL_S": "packet_ttl_s",
+            "PACKET_DEFAULT_CHARS": "packet_default_chars",
+            "PREFETCH_TOPICS": "prefetch_topics",
+            "PREFETCH_EPISODES": "prefetch_episodes",
+            "PREFETCH_FACTS": "prefetch_facts",
+            "CACHE_RETRY_AFTER_MS": "cache_retry_after_ms",
             "MAX_MESSAGES_PER_INGEST": "max_messages_per_ingest",
             "MAX_MESSAGE_CHARS": "max_message_chars",
             "EXTRACTOR_TIMEOUT_MS": "extractor_timeout_ms",
@@ -187,6 +234,7 @@ class Settings:
             "WORKER_BACKOFF_BASE_S": "worker_backoff_base_s",
             "WORKER_SWEEP_INTERVAL_S": "worker_sweep_interval_s",
             "RECONCILE_INTERVAL_S": "reconcile_interval_s",
+            "HALF_LIFE_DAYS": "half_life_days",
         }
         for env_name, attr in float_fields.items():
             raw = get(env_name)
@@ -230,3 +278,15 @@ class Settings:
             raise ConfigError(f"MEMSVC_USER_ID_PATTERN: not a regular expression ({exc})") from None
         if self.pg_pool_min > self.pg_pool_max:
             raise ConfigError("MEMSVC_PG_POOL_MIN must not exceed MEMSVC_PG_POOL_MAX")
+        if self.rrf_k < 1:
+            raise ConfigError("MEMSVC_RRF_K must be at least 1")
+        if self.half_life_days <= 0:
+            raise ConfigError("MEMSVC_HALF_LIFE_DAYS must be positive")
+        if not self.packet_min_chars <= self.packet_default_chars <= self.packet_max_chars:
+            raise ConfigError(
+                f"MEMSVC_PACKET_DEFAULT_CHARS must be within {self.packet_min_chars}.."
+                f"{self.packet_max_chars}"
+            )
+        for name in ("recall_default_deadline_ms", "prefetch_default_deadline_ms"):
+            if getattr(self, name) <= self.deadline_margin_ms:
+                raise ConfigError(f"MEMSVC_{name.upper()} must exceed MEMSVC_DEADLINE_MARGIN_MS")

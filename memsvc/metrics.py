@@ -24,3 +24,27 @@ RECONCILED = Counter(
 EMBED_FAILURES = Counter(
     "memsvc_embedding_failures_total", "Embedding calls that failed", ["where"]
 )
+
+# Read path.
+_READ_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6)
+RECALL_STAGE_SECONDS = Histogram(
+    "memsvc_recall_stage_seconds",
+    "Recall time per stage (embed, dense, lexical, fuse, total)",
+    ["stage"],
+    buckets=_READ_BUCKETS,
+)
+RECALL_MISSING_LEGS = Counter(
+    "memsvc_recall_missing_legs_total", "Recall legs that did not make it in time", ["leg"]
+)
+PREFETCH_STAGE_SECONDS = Histogram(
+    "memsvc_prefetch_stage_seconds",
+    "Prefetch time per stage (cache, embed, build, total)",
+    ["stage"],
+    buckets=_READ_BUCKETS,
+)
+PREFETCH_CACHE = Counter(
+    "memsvc_prefetch_cache_total", "Prefetch answers by cache status", ["status"]
+)
+READS_SHED = Counter(
+    "memsvc_reads_shed_total", "Reads answered RESOURCE_EXHAUSTED at once (too many in flight)"
+)

@@ -27,6 +27,11 @@ _COLUMNS = """
 """
 
 
+# The same fragments for other read modules (Recall, Prefetch) composing their own SQL.
+VISIBLE = _VISIBLE
+COLUMNS = _COLUMNS
+
+
 def _scope_args(scope: Scope) -> tuple[str, str, str, str]:
     return (scope.tenant_id, scope.user_id, scope.persona_id, scope.agent_id)
 

@@ -13,6 +13,11 @@ from memsvc.deadline import Budget
 from memsvc.errors import ResourceExhausted
 from memsvc.storage.migrate import migrate
 
+# Session defaults sent at connect (they survive the RESET ALL of every pool release).
+# pgvector 0.8: when filters drop rows an HNSW scan returned, keep scanning instead of
+# answering short; relaxed order, so callers re-sort by distance (Recall's large-scope path).
+SERVER_SETTINGS = {"hnsw.iterative_scan": "relaxed_order"}
+
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
     await register_vector(conn)
@@ -33,6 +38,7 @@ async def connect_and_migrate(settings: Settings) -> asyncpg.Pool:
         command_timeout=settings.pg_command_timeout_ms / 1000,
         init=_init_connection,
         timeout=10,
+        server_settings=SERVER_SETTINGS,
     )
     return pool
 

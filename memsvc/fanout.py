@@ -1,0 +1,108 @@
+"""Run named legs concurrently until a budget runs out; stragglers are cancelled, not awaited."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import Coroutine, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class LegResult(Generic[T]):
+    """What one leg produced: a value, an error, or nothing in time (``timed_out``)."""
+
+    name: str
+    value: T | None
+    error: BaseException | None
+    timed_out: bool
+    elapsed_ms: float
+
+    @property
+    def ok(self) -> bool:
+        return not self.timed_out and self.error is None
+
+
+def _stamp(finished_at: dict[str, float], name: str, _task: asyncio.Task[Any]) -> None:
+    finished_at.setdefault(name, time.perf_counter())
+
+
+def late(result: LegResult[Any], also: tuple[type[BaseException], ...] = ()) -> bool:
+    """Out of time: cancelled at the budget, or a timeout raised inside the leg (a statement
+    or pool timeout, or one of ``also``, e.g. the embedder's own timeout error)."""
+    return result.timed_out or isinstance(result.error, (TimeoutError, *also))
+
+
+class LegRunner:
+    """Fans legs out as tasks and keeps a reference to every leg it cancelled.
+
+    A plain ``gather`` (or a TaskGroup) would wait for cancelled legs to wind down: an asyncpg
+    query answers its cancellation only after the server acknowledged the cancel request and
+    the connection went back to the pool. The answer must not wait for that, so cancelled legs
+    finish in the background; the runner holds them so they are never garbage-collected
+    mid-flight and their errors are retrieved (an unretrieved one is an event-loop warning).
+    """
+
+    def __init__(self) -> None:
+        self._stragglers: set[asyncio.Task[Any]] = set()
+
+    @property
+    def stragglers(self) -> int:
+        """Cancelled legs still winding down (releasing their connection)."""
+        return len(self._stragglers)
+
+    async def run(
+        self, legs: Mapping[str, Coroutine[Any, Any, T]], *, budget_s: float
+    ) -> dict[str, LegResult[T]]:
+        """Run every leg; return each one's result once all finished or the budget ran out."""
+        started = time.perf_counter()
+        finished_at: dict[str, float] = {}
+        tasks: dict[str, asyncio.Task[T]] = {}
+        for name, coro in legs.items():
+            task = asyncio.create_task(coro, name=f"leg:{name}")
+            task.add_done_callback(functools.partial(_stamp, finished_at, name))
+            tasks[name] = task
+        try:
+            if tasks:
+                await asyncio.wait(tasks.values(), timeout=max(0.0, budget_s))
+        except asyncio.CancelledError:
+            # The call itself was cancelled: take every leg down with it, then re-raise.
+            self._abandon(t for t in tasks.values() if not t.done())
+            raise
+        now = time.perf_counter()
+        results: dict[str, LegResult[T]] = {}
+        for name, task in tasks.items():
+            elapsed_ms = (finished_at.get(name, now) - started) * 1000
+            if not task.done() or task.cancelled():
+                results[name] = LegResult(name, None, None, True, elapsed_ms)
+                continue
+            error = task.exception()
+            if error is None:
+                results[name] = LegResult(name, task.result(), None, False, elapsed_ms)
+            else:
+                results[name] = LegResult(name, None, error, False, elapsed_ms)
+        self._abandon(t for t in tasks.values() if not t.done())
+        return results
+
+    def _abandon(self, tasks: Any) -> None:
+        for task in tasks:
+            task.cancel()
+            self._stragglers.add(task)
+            task.add_done_callback(self._reap)
+
+    def _reap(self, task: asyncio.Task[Any]) -> None:
+        self._stragglers.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.debug("a cancelled leg ended with %s", type(task.exception()).__name__)
+
+    async def aclose(self, timeout_s: float = 5.0) -> None:
+        """Wait (bounded) for cancelled legs to give their connections back; for shutdown."""
+        if self._stragglers:
+            await asyncio.wait(list(self._stragglers), timeout=timeout_s)

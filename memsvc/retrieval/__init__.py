@@ -1,0 +1,1 @@
+"""Recall: concurrent dense and lexical legs under the call's deadline, fused by RRF."""

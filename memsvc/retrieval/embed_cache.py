@@ -1,0 +1,79 @@
+"""Query embeddings through a bounded in-process LRU (a repeated query skips the model)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+import numpy.typing as npt
+
+from memsvc.embedding import Embedder
+
+Vector = npt.NDArray[np.float32]
+
+
+class EmbeddingLRU:
+    """At most ``capacity`` vectors, least recently used evicted first. Not thread-safe: it
+    lives on the event loop, like its callers."""
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 0:
+            raise ValueError(f"capacity must be >= 0, got {capacity}")
+        self._capacity = capacity
+        self._items: OrderedDict[tuple[str, str], Vector] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, model_id: str, text: str) -> Vector | None:
+        key = (model_id, text)
+        vector = self._items.get(key)
+        if vector is None:
+            self.misses += 1
+            return None
+        self._items.move_to_end(key)
+        self.hits += 1
+        return vector
+
+    def put(self, model_id: str, text: str, vector: Vector) -> None:
+        if self._capacity == 0:
+            return
+        frozen = np.array(vector, dtype=np.float32, copy=True)
+        # Shared between calls: nobody may change a cached vector in place.
+        frozen.setflags(write=False)
+        key = (model_id, text)
+        self._items[key] = frozen
+        self._items.move_to_end(key)
+        while len(self._items) > self._capacity:
+            self._items.popitem(last=False)
+
+
+class QueryEmbedder:
+    """Embeds one query text, consulting the LRU first (keyed by model id and exact text)."""
+
+    def __init__(self, embedder: Embedder, cache: EmbeddingLRU) -> None:
+        self._embedder = embedder
+        self._cache = cache
+
+    @property
+    def model_id(self) -> str:
+        return self._embedder.model_id
+
+    @property
+    def dimension(self) -> int:
+        return self._embedder.dimension
+
+    def cached(self, text: str) -> Vector | None:
+        return self._cache.get(self._embedder.model_id, text)
+
+    async def embed(self, text: str, *, timeout_s: float) -> Vector:
+        """The query's vector; raises EmbeddingError / EmbeddingTimeout like the embedder."""
+        vector = self.cached(text)
+        if vector is not None:
+            return vector
+        vectors = await self._embedder.embed([text], timeout_s=timeout_s)
+        fresh: Vector = vectors[0]
+        self._cache.put(self._embedder.model_id, text, fresh)
+        return fresh

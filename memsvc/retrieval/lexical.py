@@ -1,0 +1,122 @@
+"""The lexical leg: full text with any-term semantics, plus an ILIKE fallback for CJK text.
+
+Any-term: a natural-language question ANDed word by word ("what does she drink in the
+morning") matches almost nothing, so the query's lexemes (stemmed and stop-worded by
+plainto_tsquery, the same 'english' configuration the stored tsvectors use) are ORed, and
+ts_rank_cd orders rows by how many of them they contain and how close together.
+
+CJK: the 'english' parser keeps a run of Chinese or Japanese characters as one "word", so
+"咖啡" never matches "我喜欢喝咖啡". For such runs the leg also matches character bigrams
+(unigrams for a lone character) with ILIKE, scored by the share of bigrams found. The scope
+predicate is in the same WHERE, so the planner starts from the scope's btree and the ILIKE
+only ever scans one user's rows.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+
+import asyncpg
+
+from memsvc.deadline import Budget
+from memsvc.debug_delay import maybe_sleep
+from memsvc.memories.model import Scope
+from memsvc.retrieval.query import Hit, ItemKind
+from memsvc.retrieval.sources import SOURCES, Source, statement_timeout
+
+MAX_PATTERNS = 32
+
+# Scripts the 'english' text-search parser does not split into words.
+_UNSEGMENTED_PREFIXES = ("CJK", "HIRAGANA", "KATAKANA", "HANGUL")
+
+
+def _unsegmented(ch: str) -> bool:
+    name = unicodedata.name(ch, "")
+    return name.startswith(_UNSEGMENTED_PREFIXES)
+
+
+def _like_escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def cjk_patterns(text: str, *, limit: int = MAX_PATTERNS) -> list[str]:
+    """ILIKE patterns for the query's CJK runs: every character bigram, or the lone
+    character; de-duplicated, in order, at most ``limit``. Empty for other text."""
+    runs: list[str] = []
+    current: list[str] = []
+    for ch in text:
+        if _unsegmented(ch):
+            current.append(ch)
+        elif current:
+            runs.append("".join(current))
+            current = []
+    if current:
+        runs.append("".join(current))
+    grams: list[str] = []
+    for run in runs:
+        if len(run) == 1:
+            grams.append(run)
+        else:
+            grams.extend(run[i : i + 2] for i in range(len(run) - 1))
+    unique = list(dict.fromkeys(grams))[:limit]
+    return [f"%{_like_escape(g)}%" for g in unique]
+
+
+def lexical_sql(source: Source, *, with_as_of: bool) -> str:
+    """$1..$4 scope, $5 query text, $6 ILIKE patterns, $7 limit, [$8 as_of]."""
+    time_sql = source.time_sql("$8" if with_as_of else None)
+    tsv, text = source.tsv_sql, source.text_sql
+    return f"""
+        /* memsvc:recall:lexical:{source.kind.value} */
+        WITH q AS (
+            SELECT replace(plainto_tsquery('english', $5)::text, ' & ', ' | ')::tsquery AS tsq)
+        SELECT {source.columns},
+               (CASE WHEN {tsv} @@ q.tsq THEN ts_rank_cd({tsv}, q.tsq) ELSE 0 END
+                + (SELECT count(*) FROM unnest($6::text[]) AS p WHERE {text} ILIKE p)::real
+                  / greatest(cardinality($6::text[]), 1)) AS lexical_score
+        FROM {source.table}, q
+        WHERE {source.scope_sql} AND {time_sql}
+          AND ({tsv} @@ q.tsq OR {text} ILIKE ANY ($6::text[]))
+        ORDER BY lexical_score DESC, {source.order_sql}
+        LIMIT $7
+    """
+
+
+async def lexical_hits(
+    conn: asyncpg.Connection,
+    scope: Scope,
+    text: str,
+    kinds: Sequence[ItemKind],
+    *,
+    limit: int,
+    as_of: datetime | None,
+    budget: Budget,
+    delays: Mapping[str, float],
+) -> list[Hit]:
+    """The ``limit`` best text matches over all kinds, best first (score higher is better)."""
+    await maybe_sleep(conn, delays, "lexical")
+    patterns = cjk_patterns(text)
+    hits: list[Hit] = []
+    for kind in kinds:
+        source = SOURCES[kind]
+        args: list[object] = [
+            scope.tenant_id,
+            scope.user_id,
+            scope.persona_id,
+            scope.agent_id,
+            text,
+            patterns,
+            limit,
+        ]
+        if as_of is not None:
+            args.append(as_of)
+        rows = await conn.fetch(
+            lexical_sql(source, with_as_of=as_of is not None),
+            *args,
+            timeout=statement_timeout(budget),
+        )
+        hits.extend(source.to_hit(row, float(row["lexical_score"])) for row in rows)
+    hits.sort(key=lambda h: (-h.score, h.key))
+    return hits[:limit]

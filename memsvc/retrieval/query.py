@@ -1,0 +1,79 @@
+"""A validated Recall request and the hits the legs return (domain values, no I/O)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from datetime import datetime
+
+import numpy as np
+import numpy.typing as npt
+
+from memsvc.memories.model import MemoryRecord, Scope
+
+
+class ItemKind(enum.StrEnum):
+    FACT = "fact"
+    EPISODE = "episode"
+    MESSAGE = "message"
+
+
+class Mode(enum.StrEnum):
+    HYBRID = "hybrid"
+    DENSE = "dense"
+    LEXICAL = "lexical"
+
+
+DEFAULT_KINDS = (ItemKind.FACT, ItemKind.EPISODE)
+
+
+@dataclass(frozen=True)
+class RecallQuery:
+    """What to look for, where, and how many; built by validation only."""
+
+    scope: Scope
+    text: str
+    vector: npt.NDArray[np.float32] | None
+    top_k: int
+    kinds: tuple[ItemKind, ...]
+    mode: Mode
+    as_of: datetime | None = None
+
+    @property
+    def wants_dense(self) -> bool:
+        return self.mode in (Mode.HYBRID, Mode.DENSE)
+
+    @property
+    def wants_lexical(self) -> bool:
+        # A vector-only query has nothing for the lexical leg to match: that leg is not
+        # "missing", it does not apply.
+        return self.mode in (Mode.HYBRID, Mode.LEXICAL) and bool(self.text)
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One row a leg found, with the scope columns it was stored under (for the post-filter).
+
+    ``score`` is the leg's own measure: cosine distance for the dense leg (lower is better),
+    text-match score for the lexical leg (higher is better).
+    """
+
+    kind: ItemKind
+    id: str
+    text: str
+    session_id: str
+    occurred_at: datetime
+    scope: Scope
+    shared_all_agents: bool
+    shared_all_personas: bool
+    score: float
+    memory: MemoryRecord | None = None
+    sender_id: str = ""
+    role: str = ""
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        """Identity across legs: ids of different kinds may collide, and a caller's message
+        id is unique only within its session."""
+        session = self.session_id if self.kind is ItemKind.MESSAGE else ""
+        return (self.kind.value, session, self.id)

@@ -1,0 +1,77 @@
+"""Final ordering after fusion: relevance first, nudged by salience and recency (pure).
+
+The fused RRF score stays the main signal; the boosts multiply it by at most a small
+factor, so a clearly better match is never overtaken by a merely recent or confident one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from memsvc.retrieval import route as routes
+from memsvc.retrieval.fusion import Fused
+from memsvc.retrieval.query import ItemKind
+
+SECONDS_PER_DAY = 86_400.0
+
+
+@dataclass(frozen=True)
+class RankWeights:
+    """How much each salience signal can add to the fused score (as a fraction of it)."""
+
+    confidence: float = 0.2
+    role: float = 0.1
+    pinned: float = 0.1
+    recency: float = 0.1
+    # A temporal question ("when did...", "last week") cares more about recency.
+    recency_temporal: float = 0.4
+    half_life_days: float = 30.0
+    # Facts carry a confidence; other kinds count as this (neutral).
+    neutral_confidence: float = 0.5
+
+
+@dataclass(frozen=True)
+class Ranked:
+    fused: Fused
+    score: float
+
+
+def decay(age_days: float, half_life_days: float) -> float:
+    """0.5 ** (age / half-life): 1 now, 0.5 after one half-life; the future counts as now."""
+    return float(0.5 ** (max(0.0, age_days) / half_life_days))
+
+
+def role_bonus(role: str, role_order: Sequence[str]) -> float:
+    """1 for the first (most important) role of the vocabulary, down to 0 for the last."""
+    if role not in role_order or len(role_order) < 2:
+        return 0.0
+    return 1.0 - role_order.index(role) / (len(role_order) - 1)
+
+
+def final_order(
+    fused: Sequence[Fused],
+    *,
+    now: datetime,
+    role_order: Sequence[str],
+    route: str,
+    weights: RankWeights = RankWeights(),
+) -> list[Ranked]:
+    """Score = fused * (1 + boosts); best first, ties by fused score then item key."""
+    recency_weight = weights.recency_temporal if route == routes.TEMPORAL else weights.recency
+    ranked: list[Ranked] = []
+    for item in fused:
+        hit = item.hit
+        age_days = (now - hit.occurred_at).total_seconds() / SECONDS_PER_DAY
+        boost = recency_weight * decay(age_days, weights.half_life_days)
+        memory = hit.memory if hit.kind is ItemKind.FACT else None
+        if memory is not None:
+            boost += weights.confidence * memory.confidence
+            boost += weights.role * role_bonus(memory.role, role_order)
+            boost += weights.pinned * (1.0 if memory.pinned else 0.0)
+        else:
+            boost += weights.confidence * weights.neutral_confidence
+        ranked.append(Ranked(item, item.fused_score * (1.0 + boost)))
+    ranked.sort(key=lambda r: (-r.score, -r.fused.fused_score, r.fused.hit.key))
+    return ranked

@@ -1,0 +1,232 @@
+"""Recall orchestration: both legs at once under the budget, then post-filter, RRF, ordering.
+
+Each leg runs as its own task on its own pooled connection. When the budget runs out, a
+leg still running is cancelled — asyncpg then sends the server a cancel request, so its
+query really stops — and the answer is built from what finished, marked degraded with the
+missing legs named. Running out of time is never an error here; only when every leg that
+ran failed for another reason (database or embedder down) does the call fail.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Coroutine, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import asyncpg
+
+from memsvc import metrics
+from memsvc.config import Settings
+from memsvc.deadline import Budget
+from memsvc.debug_delay import delays_from_settings
+from memsvc.embedding.base import EmbeddingTimeout
+from memsvc.fanout import LegRunner, late
+from memsvc.retrieval import route as routes
+from memsvc.retrieval.dense import dense_hits
+from memsvc.retrieval.embed_cache import QueryEmbedder
+from memsvc.retrieval.fusion import rrf
+from memsvc.retrieval.lexical import lexical_hits
+from memsvc.retrieval.query import Hit, RecallQuery
+from memsvc.retrieval.ranking import Ranked, RankWeights, final_order
+from memsvc.retrieval.scope_filter import keep_visible
+
+log = logging.getLogger(__name__)
+
+DENSE = "dense"
+LEXICAL = "lexical"
+EMBED = "embed"
+
+
+@dataclass(frozen=True)
+class RecallConfig:
+    rrf_k: int
+    candidates: int
+    exact_max_rows: int
+    embed_timeout_s: float
+    acquire_timeout_s: float
+    roles: tuple[str, ...]
+    half_life_days: float
+    delays: Mapping[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> RecallConfig:
+        return cls(
+            rrf_k=settings.rrf_k,
+            candidates=settings.recall_candidates,
+            exact_max_rows=settings.dense_exact_max_rows,
+            embed_timeout_s=settings.embed_timeout_ms / 1000,
+            acquire_timeout_s=settings.pg_acquire_timeout_ms / 1000,
+            roles=settings.roles,
+            half_life_days=settings.half_life_days,
+            delays=delays_from_settings(settings.debug_stage_delays_ms),
+        )
+
+
+@dataclass
+class RecallTimings:
+    embed_ms: float = 0.0
+    dense_ms: float = 0.0
+    lexical_ms: float = 0.0
+    fuse_ms: float = 0.0
+    total_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class RecallResult:
+    items: list[Ranked]
+    degraded: bool
+    missing_legs: tuple[str, ...]
+    timings: RecallTimings
+    route: str
+
+
+@dataclass
+class _DenseProgress:
+    """Where the dense leg got to, so a late leg can say whether the embedding was missing."""
+
+    embedded: bool = False
+    embed_ms: float = 0.0
+    sql_started: float = 0.0
+
+
+class RecallService:
+    """Hybrid retrieval for one caller at a time; shares the pool, embedder and leg runner."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        embedder: QueryEmbedder,
+        runner: LegRunner,
+        config: RecallConfig,
+    ) -> None:
+        self._pool = pool
+        self._embedder = embedder
+        self._runner = runner
+        self._config = config
+
+    @asynccontextmanager
+    async def _connection(self, budget: Budget) -> AsyncIterator[asyncpg.Connection]:
+        # A leg that cannot get a connection within its budget is late, like a slow one.
+        async with self._pool.acquire(
+            timeout=max(budget.cap(self._config.acquire_timeout_s), 0.001)
+        ) as conn:
+            yield conn
+
+    async def _dense(
+        self, query: RecallQuery, budget: Budget, limit: int, progress: _DenseProgress
+    ) -> list[Hit]:
+        vector = query.vector
+        if vector is None:
+            started = time.perf_counter()
+            try:
+                vector = await self._embedder.embed(
+                    query.text, timeout_s=budget.cap(self._config.embed_timeout_s)
+                )
+            finally:
+                progress.embed_ms = (time.perf_counter() - started) * 1000
+        progress.embedded = True
+        progress.sql_started = time.perf_counter()
+        async with self._connection(budget) as conn:
+            return await dense_hits(
+                conn,
+                query.scope,
+                vector,
+                query.kinds,
+                model_id=self._embedder.model_id,
+                limit=limit,
+                exact_max_rows=self._config.exact_max_rows,
+                as_of=query.as_of,
+                budget=budget,
+                delays=self._config.delays,
+            )
+
+    async def _lexical(self, query: RecallQuery, budget: Budget, limit: int) -> list[Hit]:
+        async with self._connection(budget) as conn:
+            return await lexical_hits(
+                conn,
+                query.scope,
+                query.text,
+                query.kinds,
+                limit=limit,
+                as_of=query.as_of,
+                budget=budget,
+                delays=self._config.delays,
+            )
+
+    async def recall(self, query: RecallQuery, budget: Budget) -> RecallResult:
+        started = time.perf_counter()
+        timings = RecallTimings()
+        limit = max(self._config.candidates, query.top_k)
+        progress = _DenseProgress()
+        legs: dict[str, Coroutine[Any, Any, list[Hit]]] = {}
+        if query.wants_dense:
+            legs[DENSE] = self._dense(query, budget, limit, progress)
+        if query.wants_lexical:
+            legs[LEXICAL] = self._lexical(query, budget, limit)
+        results = await self._runner.run(legs, budget_s=budget.remaining())
+
+        missing: list[str] = []
+        failures: list[BaseException] = []
+        ranked_lists: dict[str, list[Hit]] = {}
+        for name, result in results.items():
+            if name == DENSE:
+                timings.embed_ms = progress.embed_ms
+                if progress.embedded:
+                    timings.dense_ms = result.elapsed_ms - (progress.sql_started - started) * 1000
+            else:
+                timings.lexical_ms = result.elapsed_ms
+            if result.ok:
+                assert result.value is not None
+                ranked_lists[name] = keep_visible(query.scope, result.value)
+                continue
+            if name == DENSE and not progress.embedded:
+                missing.append(EMBED)
+            missing.append(name)
+            if not late(result, (EmbeddingTimeout,)):
+                assert result.error is not None
+                failures.append(result.error)
+                log.warning("recall %s leg failed: %s", name, type(result.error).__name__)
+        if failures and not ranked_lists and len(failures) == len(results):
+            # Nothing ran out of time: the backends are failing. Say so (UNAVAILABLE).
+            raise failures[0]
+
+        fuse_started = time.perf_counter()
+        fused = rrf(ranked_lists, k=self._config.rrf_k)
+        route = routes.classify(query.text)
+        ranked = final_order(
+            fused,
+            now=datetime.now(UTC),
+            role_order=self._config.roles,
+            route=route,
+            weights=RankWeights(half_life_days=self._config.half_life_days),
+        )[: query.top_k]
+        timings.fuse_ms = (time.perf_counter() - fuse_started) * 1000
+        timings.total_ms = (time.perf_counter() - started) * 1000
+        order = [EMBED, DENSE, LEXICAL]
+        missing_sorted = tuple(sorted(set(missing), key=order.index))
+        _observe(timings, missing_sorted)
+        return RecallResult(
+            items=ranked,
+            degraded=bool(missing_sorted),
+            missing_legs=missing_sorted,
+            timings=timings,
+            route=route,
+        )
+
+
+def _observe(timings: RecallTimings, missing: tuple[str, ...]) -> None:
+    for stage, ms in (
+        (EMBED, timings.embed_ms),
+        (DENSE, timings.dense_ms),
+        (LEXICAL, timings.lexical_ms),
+        ("fuse", timings.fuse_ms),
+        ("total", timings.total_ms),
+    ):
+        if ms > 0:
+            metrics.RECALL_STAGE_SECONDS.labels(stage).observe(ms / 1000)
+    for leg in missing:
+        metrics.RECALL_MISSING_LEGS.labels(leg).inc()

@@ -1,0 +1,48 @@
+"""The post-filter: every hit re-checked against the caller's scope in code (pure).
+
+The SQL of every leg already filters by scope; this is the second line, so that a future
+query bug cannot leak another user's, persona's or agent's memory into an answer.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from memsvc.memories.model import MemoryRecord, Scope
+from memsvc.retrieval.query import Hit
+
+log = logging.getLogger(__name__)
+
+
+def visible(scope: Scope, hit: Hit) -> bool:
+    """Same tenant and user; persona and agent equal, unless explicitly shared across them."""
+    own = hit.scope
+    return (
+        own.tenant_id == scope.tenant_id
+        and own.user_id == scope.user_id
+        and (own.persona_id == scope.persona_id or hit.shared_all_personas)
+        and (own.agent_id == scope.agent_id or hit.shared_all_agents)
+    )
+
+
+def memory_visible(scope: Scope, record: MemoryRecord) -> bool:
+    """The same rule for a memory row outside a Hit (Prefetch's sections)."""
+    own = record.scope
+    return (
+        own.tenant_id == scope.tenant_id
+        and own.user_id == scope.user_id
+        and (own.persona_id == scope.persona_id or record.sharing.all_personas)
+        and (own.agent_id == scope.agent_id or record.sharing.all_agents)
+    )
+
+
+def keep_visible(scope: Scope, hits: Iterable[Hit]) -> list[Hit]:
+    """The visible hits, in order; anything else is dropped and logged as a bug."""
+    kept: list[Hit] = []
+    for hit in hits:
+        if visible(scope, hit):
+            kept.append(hit)
+        else:
+            log.error("post-filter dropped a %s outside the caller's scope", hit.kind.value)
+    return kept
