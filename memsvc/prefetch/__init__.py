@@ -1,0 +1,1 @@
+"""Prefetch: the session-start context packet, assembled hierarchically and cached in Redis."""

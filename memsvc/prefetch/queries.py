@@ -1,0 +1,223 @@
+"""SQL of the Prefetch walk. Every statement takes the scope as $1..$4 and filters by it.
+
+Topics and episodes belong to exactly one scope (no sharing); facts honour explicit sharing
+(storage.memories.VISIBLE), so a fact reached through an edge is shown only if the caller's
+scope may see it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+
+import asyncpg
+import numpy as np
+import numpy.typing as npt
+
+from memsvc.memories.model import MemoryRecord, Scope
+from memsvc.prefetch.model import EdgeRow, EpisodeRecord, TopicRow
+from memsvc.storage.memories import COLUMNS, VISIBLE, record_from_row
+
+_EXACT = "tenant_id = $1 AND user_id = $2 AND persona_id = $3 AND agent_id = $4"
+_CURRENT = "invalid_at IS NULL AND (expires_at IS NULL OR expires_at > now())"
+_OR_QUERY = "replace(plainto_tsquery('english', $5)::text, ' & ', ' | ')::tsquery"
+_EPISODE_COLUMNS = (
+    "e.tenant_id, e.user_id, e.persona_id, e.agent_id, e.episode_id, e.session_id, e.title,"
+    " e.summary, e.excerpt, e.source_message_ids, e.started_at, e.ended_at"
+)
+
+
+def _args(scope: Scope) -> list[object]:
+    return [scope.tenant_id, scope.user_id, scope.persona_id, scope.agent_id]
+
+
+def episode_from_row(row: asyncpg.Record) -> EpisodeRecord:
+    return EpisodeRecord(
+        scope=Scope(row["tenant_id"], row["user_id"], row["persona_id"], row["agent_id"]),
+        episode_id=row["episode_id"],
+        session_id=row["session_id"],
+        title=row["title"],
+        summary=row["summary"],
+        excerpt=row["excerpt"],
+        source_message_ids=tuple(row["source_message_ids"]),
+        started_at=row["started_at"],
+        ended_at=row["ended_at"],
+    )
+
+
+async def core_facts(
+    conn: asyncpg.Connection, scope: Scope, *, core_role: str, limit: int, timeout_s: float
+) -> list[MemoryRecord]:
+    """Pinned facts and facts of the core role, current only."""
+    rows = await conn.fetch(
+        f"/* memsvc:prefetch:core */ SELECT {COLUMNS} FROM memories"
+        f" WHERE {VISIBLE} AND {_CURRENT} AND (pinned OR role = $5)"
+        " ORDER BY pinned DESC, confidence DESC, recorded_at DESC, memory_id LIMIT $6",
+        *_args(scope),
+        core_role,
+        limit,
+        timeout=timeout_s,
+    )
+    return [record_from_row(r) for r in rows]
+
+
+async def persona_facts(
+    conn: asyncpg.Connection, scope: Scope, *, limit: int, timeout_s: float
+) -> list[tuple[MemoryRecord, float]]:
+    """Facts filed under the scope's reserved persona topic (topics.is_persona), through its
+    episodes, with their best edge weight."""
+    rows = await conn.fetch(
+        f"""
+        /* memsvc:prefetch:persona */
+        SELECT {COLUMNS}, w.weight FROM memories JOIN (
+            SELECT em.memory_id, max(em.weight) AS weight
+            FROM topics t
+            JOIN topic_episodes te ON te.tenant_id = t.tenant_id AND te.user_id = t.user_id
+                                  AND te.topic_id = t.topic_id
+            JOIN episode_memories em ON em.tenant_id = te.tenant_id
+                                    AND em.user_id = te.user_id
+                                    AND em.episode_id = te.episode_id
+            WHERE t.tenant_id = $1 AND t.user_id = $2 AND t.persona_id = $3
+              AND t.agent_id = $4 AND t.is_persona
+            GROUP BY em.memory_id) AS w USING (memory_id)
+        WHERE {VISIBLE} AND {_CURRENT}
+        ORDER BY w.weight DESC, confidence DESC, memory_id
+        LIMIT $5
+        """,
+        *_args(scope),
+        limit,
+        timeout=timeout_s,
+    )
+    return [(record_from_row(r), float(r["weight"])) for r in rows]
+
+
+async def topics(
+    conn: asyncpg.Connection,
+    scope: Scope,
+    *,
+    hint: str,
+    vector: npt.NDArray[np.float32] | None,
+    model_id: str,
+    patterns: Sequence[str],
+    limit: int,
+    timeout_s: float,
+) -> list[TopicRow]:
+    """The scope's topics (not the persona one) with their distance and text match to the
+    hint; NULL where there is no hint, no vector, or no match."""
+    rows = await conn.fetch(
+        f"""
+        /* memsvc:prefetch:topics */
+        WITH q AS (SELECT {_OR_QUERY} AS tsq)
+        SELECT topic_id, name, weight, last_episode_at,
+               CASE WHEN $6::vector IS NULL OR embedding IS NULL OR embedding_model <> $7
+                    THEN NULL ELSE embedding <=> $6 END AS distance,
+               CASE WHEN search_tsv @@ q.tsq OR name ILIKE ANY ($8::text[])
+                    THEN ts_rank_cd(search_tsv, q.tsq)
+                         + (SELECT count(*) FROM unnest($8::text[]) AS p
+                            WHERE name ILIKE p)::real / greatest(cardinality($8::text[]), 1)
+               END AS lexical
+        FROM topics, q
+        WHERE {_EXACT} AND NOT is_persona
+        ORDER BY weight DESC, last_episode_at DESC NULLS LAST, topic_id
+        LIMIT $9
+        """,
+        *_args(scope),
+        hint,
+        vector,
+        model_id,
+        list(patterns),
+        limit,
+        timeout=timeout_s,
+    )
+    return [
+        TopicRow(
+            topic_id=r["topic_id"],
+            name=r["name"],
+            weight=float(r["weight"]),
+            last_episode_at=r["last_episode_at"],
+            distance=None if r["distance"] is None else float(r["distance"]),
+            lexical=None if r["lexical"] is None else float(r["lexical"]),
+        )
+        for r in rows
+    ]
+
+
+async def episodes(
+    conn: asyncpg.Connection,
+    scope: Scope,
+    *,
+    topic_ids: Sequence[uuid.UUID],
+    recent: int,
+    limit: int,
+    timeout_s: float,
+) -> list[EdgeRow]:
+    """Episodes linked to the given topics (one row per edge), plus the ``recent`` latest
+    episodes of the scope (topic_id NULL when not linked)."""
+    rows = await conn.fetch(
+        f"""
+        /* memsvc:prefetch:episodes */
+        WITH recent AS (
+            SELECT episode_id FROM episodes WHERE {_EXACT}
+            ORDER BY ended_at DESC, episode_id LIMIT $6),
+        linked AS (
+            SELECT episode_id, topic_id, weight FROM topic_episodes
+            WHERE tenant_id = $1 AND user_id = $2 AND topic_id = ANY ($5::uuid[]))
+        SELECT {_EPISODE_COLUMNS}, l.topic_id, coalesce(l.weight, 0) AS edge_weight
+        FROM episodes e LEFT JOIN linked l ON l.episode_id = e.episode_id
+        WHERE e.tenant_id = $1 AND e.user_id = $2 AND e.persona_id = $3 AND e.agent_id = $4
+          AND (l.topic_id IS NOT NULL OR e.episode_id IN (SELECT episode_id FROM recent))
+        ORDER BY e.ended_at DESC, e.episode_id, l.topic_id
+        LIMIT $7
+        """,
+        *_args(scope),
+        list(topic_ids),
+        recent,
+        limit,
+        timeout=timeout_s,
+    )
+    return [EdgeRow(episode_from_row(r), r["topic_id"], float(r["edge_weight"])) for r in rows]
+
+
+async def walk_facts(
+    conn: asyncpg.Connection,
+    scope: Scope,
+    *,
+    episode_ids: Sequence[uuid.UUID],
+    limit: int,
+    timeout_s: float,
+) -> list[tuple[MemoryRecord, uuid.UUID, float]]:
+    """Current facts of the given episodes: (fact, episode, edge weight), one per edge."""
+    if not episode_ids:
+        return []
+    rows = await conn.fetch(
+        f"""
+        /* memsvc:prefetch:facts */
+        SELECT {COLUMNS}, w.episode_id, w.weight FROM memories JOIN (
+            SELECT memory_id, episode_id, weight FROM episode_memories
+            WHERE tenant_id = $1 AND user_id = $2 AND episode_id = ANY ($5::uuid[])
+        ) AS w USING (memory_id)
+        WHERE {VISIBLE} AND {_CURRENT}
+        ORDER BY w.weight DESC, memory_id, w.episode_id
+        LIMIT $6
+        """,
+        *_args(scope),
+        list(episode_ids),
+        limit,
+        timeout=timeout_s,
+    )
+    return [(record_from_row(r), r["episode_id"], float(r["weight"])) for r in rows]
+
+
+async def recent_facts(
+    conn: asyncpg.Connection, scope: Scope, *, limit: int, timeout_s: float
+) -> list[MemoryRecord]:
+    """The most recently recorded or reinforced current facts."""
+    rows = await conn.fetch(
+        f"/* memsvc:prefetch:recent */ SELECT {COLUMNS} FROM memories"
+        f" WHERE {VISIBLE} AND {_CURRENT}"
+        " ORDER BY greatest(recorded_at, last_reinforced_at) DESC, memory_id LIMIT $5",
+        *_args(scope),
+        limit,
+        timeout=timeout_s,
+    )
+    return [record_from_row(r) for r in rows]

@@ -1,0 +1,490 @@
+"""Prefetch orchestration: version, cache, single-flight build under the budget, framing.
+
+1. Read the user's content version (PostgreSQL). It is read before any content, so a packet
+   stored under version v holds data at least as new as v.
+2. Look the packet up in Redis under (user, version, request shape). Redis down or slow:
+   build anyway and answer ``cache: BYPASSED``.
+3. Otherwise build once per key (single flight), as two legs on their own connections:
+   "core" (pinned/core and persona facts) and "relevant" (hint embedding, topic ranking,
+   episode walk, relevant facts). A leg not done when the budget runs out is cancelled and
+   the packet is built from the rest, marked degraded and not cached.
+4. Add the header naming the session (not part of the cached body).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Coroutine, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import asyncpg
+
+from memsvc import metrics
+from memsvc.cache.keys import packet_key, user_index_key
+from memsvc.cache.packets import CacheStatus, CacheUnavailable, PacketCache
+from memsvc.cache.single_flight import SingleFlight
+from memsvc.config import Settings
+from memsvc.deadline import Budget
+from memsvc.debug_delay import delays_from_settings, maybe_sleep
+from memsvc.embedding import EmbeddingError
+from memsvc.embedding.base import EmbeddingTimeout
+from memsvc.errors import ResourceExhausted
+from memsvc.fanout import LegRunner, late
+from memsvc.memories.model import MemoryRecord
+from memsvc.prefetch import assembly, codec, packet, queries
+from memsvc.prefetch.model import (
+    CORE,
+    EPISODES,
+    PERSONA,
+    RELEVANT,
+    EdgeRow,
+    EpisodeRecord,
+    FactCandidate,
+    Packet,
+    PrefetchQuery,
+    SectionCount,
+)
+from memsvc.retrieval.dense import dense_hits
+from memsvc.retrieval.embed_cache import QueryEmbedder, Vector
+from memsvc.retrieval.fusion import rrf
+from memsvc.retrieval.lexical import cjk_patterns, lexical_hits
+from memsvc.retrieval.query import Hit, ItemKind
+from memsvc.retrieval.scope_filter import keep_visible, memory_visible
+from memsvc.retrieval.sources import statement_timeout
+from memsvc.storage import versions
+
+log = logging.getLogger(__name__)
+
+CORE_LEG = "core"
+RELEVANT_LEG = "relevant"
+# The hint's embedding may use at most this share of the budget; past it the walk goes on
+# with full text only (degraded) so the SQL still has time.
+EMBED_SHARE = 0.5
+# Upper bound on topics / episode rows read per Prefetch (the walk keeps the best few).
+MAX_TOPIC_ROWS = 500
+MAX_EDGE_ROWS = 500
+
+
+@dataclass(frozen=True)
+class PrefetchConfig:
+    rrf_k: int
+    half_life_days: float
+    topics: int
+    episodes: int
+    facts: int
+    exact_max_rows: int
+    roles: tuple[str, ...]
+    max_id_chars: int
+    embed_timeout_s: float
+    acquire_timeout_s: float
+    redis_timeout_s: float
+    delays: Mapping[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> PrefetchConfig:
+        return cls(
+            rrf_k=settings.rrf_k,
+            half_life_days=settings.half_life_days,
+            topics=settings.prefetch_topics,
+            episodes=settings.prefetch_episodes,
+            facts=settings.prefetch_facts,
+            exact_max_rows=settings.dense_exact_max_rows,
+            roles=settings.roles,
+            max_id_chars=settings.max_id_chars,
+            embed_timeout_s=settings.embed_timeout_ms / 1000,
+            acquire_timeout_s=settings.pg_acquire_timeout_ms / 1000,
+            redis_timeout_s=settings.redis_timeout_ms / 1000,
+            delays=delays_from_settings(settings.debug_stage_delays_ms),
+        )
+
+
+@dataclass
+class PrefetchTimings:
+    cache_ms: float = 0.0
+    embed_ms: float = 0.0
+    build_ms: float = 0.0
+    total_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class PrefetchResult:
+    text: str
+    packet: Packet
+    cache: CacheStatus
+    timings: PrefetchTimings
+
+
+@dataclass
+class _CoreParts:
+    core: list[MemoryRecord]
+    persona: list[tuple[MemoryRecord, float]]
+
+
+@dataclass
+class _RelevantParts:
+    candidates: list[FactCandidate]
+    episodes: list[EpisodeRecord]
+    embed_missing: bool = False
+    embed_ms: float = 0.0
+
+
+@dataclass
+class _Build:
+    packet: Packet
+    stored: bool | None  # None: not attempted (degraded, or cache unavailable)
+    embed_ms: float
+    cache_ms: float
+
+
+class PrefetchService:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        embedder: QueryEmbedder,
+        cache: PacketCache,
+        runner: LegRunner,
+        config: PrefetchConfig,
+    ) -> None:
+        self._pool = pool
+        self._embedder = embedder
+        self._cache = cache
+        self._runner = runner
+        self._config = config
+        self._flights: SingleFlight[str, _Build] = SingleFlight()
+
+    @asynccontextmanager
+    async def _connection(self, budget: Budget) -> AsyncIterator[asyncpg.Connection]:
+        async with self._pool.acquire(
+            timeout=max(budget.cap(self._config.acquire_timeout_s), 0.001)
+        ) as conn:
+            yield conn
+
+    async def prefetch(self, query: PrefetchQuery, budget: Budget) -> PrefetchResult:
+        started = time.perf_counter()
+        timings = PrefetchTimings()
+        scope = query.scope
+        try:
+            async with asyncio.timeout(budget.remaining()), self._connection(budget) as conn:
+                version = await versions.current_version(conn, scope.tenant_id, scope.user_id)
+        except TimeoutError:
+            if not budget.expired:
+                raise ResourceExhausted(
+                    "every database connection is busy; retry shortly"
+                ) from None
+            # Out of time before anything could be read: nothing to say, never an error.
+            empty = _empty(0, degraded=True)
+            timings.total_ms = (time.perf_counter() - started) * 1000
+            return PrefetchResult("", empty, CacheStatus.BYPASSED, timings)
+        key = packet_key(scope.tenant_id, scope.user_id, version, query.shape())
+
+        status = CacheStatus.MISS
+        cache_started = time.perf_counter()
+        try:
+            raw = await self._cache.get(key, budget_s=budget.remaining())
+        except CacheUnavailable:
+            raw, status = None, CacheStatus.BYPASSED
+        timings.cache_ms = (time.perf_counter() - cache_started) * 1000
+        built: Packet | None = None
+        if raw is not None:
+            try:
+                built = codec.decode(raw)
+                status = CacheStatus.HIT
+            except codec.CodecError as exc:
+                log.warning("ignoring a cached packet: %s", exc)
+
+        if built is None:
+            use_cache = status is not CacheStatus.BYPASSED
+            build_started = time.perf_counter()
+            try:
+                result, _joined = await self._flights.do(
+                    key,
+                    lambda: self._build(query, version, key, budget, use_cache=use_cache),
+                    timeout_s=budget.remaining(),
+                )
+                built = result.packet
+                timings.embed_ms = result.embed_ms
+                timings.cache_ms += result.cache_ms
+                if use_cache and result.stored is False:
+                    status = CacheStatus.BYPASSED
+            except TimeoutError:
+                # Joined someone else's build and it outlasted this call's budget.
+                built = _empty(version, degraded=True)
+            timings.build_ms = (time.perf_counter() - build_started) * 1000
+
+        text = ""
+        if built.body:
+            text = f"{packet.header(query.session_id)}\n\n{built.body}"
+        timings.total_ms = (time.perf_counter() - started) * 1000
+        _observe(timings, status)
+        return PrefetchResult(text=text, packet=built, cache=status, timings=timings)
+
+    async def _build(
+        self, query: PrefetchQuery, version: int, key: str, budget: Budget, *, use_cache: bool
+    ) -> _Build:
+        legs: dict[str, Coroutine[Any, Any, Any]] = {
+            CORE_LEG: self._core_leg(query, budget),
+            RELEVANT_LEG: self._relevant_leg(query, budget),
+        }
+        results = await self._runner.run(legs, budget_s=budget.remaining())
+        failures = [
+            r.error
+            for r in results.values()
+            if r.error is not None and not late(r, (EmbeddingTimeout,))
+        ]
+        if failures and len(failures) == len(results):
+            raise failures[0]  # the database is failing, not slow: UNAVAILABLE
+        degraded = any(not r.ok for r in results.values())
+        core: _CoreParts = results[CORE_LEG].value or _CoreParts([], [])
+        relevant: _RelevantParts = results[RELEVANT_LEG].value or _RelevantParts([], [])
+        degraded = degraded or relevant.embed_missing
+        built = self._assemble(query, version, core, relevant, degraded=degraded)
+
+        stored: bool | None = None
+        cache_ms = 0.0
+        if use_cache and not degraded:
+            cache_started = time.perf_counter()
+            try:
+                await self._cache.put(
+                    key,
+                    user_index_key(query.scope.tenant_id, query.scope.user_id),
+                    codec.encode(built),
+                    budget_s=max(budget.remaining(), 0.001),
+                )
+                stored = True
+            except CacheUnavailable:
+                stored = False
+            cache_ms = (time.perf_counter() - cache_started) * 1000
+        return _Build(built, stored, relevant.embed_ms, cache_ms)
+
+    async def _core_leg(self, query: PrefetchQuery, budget: Budget) -> _CoreParts:
+        cfg = self._config
+        async with self._connection(budget) as conn:
+            await maybe_sleep(conn, cfg.delays, "prefetch_core")
+            core = await queries.core_facts(
+                conn,
+                query.scope,
+                core_role=cfg.roles[0],
+                limit=cfg.facts,
+                timeout_s=statement_timeout(budget),
+            )
+            persona: list[tuple[MemoryRecord, float]] = []
+            if query.scope.persona_id:
+                persona = await queries.persona_facts(
+                    conn, query.scope, limit=cfg.facts, timeout_s=statement_timeout(budget)
+                )
+        return _CoreParts(core, persona)
+
+    async def _embed_hint(self, hint: str, budget: Budget, parts: _RelevantParts) -> Vector | None:
+        started = time.perf_counter()
+        try:
+            return await self._embedder.embed(
+                hint,
+                timeout_s=min(self._config.embed_timeout_s, budget.remaining() * EMBED_SHARE),
+            )
+        except EmbeddingError as exc:  # EmbeddingTimeout included
+            log.info("prefetch continues without the hint's vector: %s", type(exc).__name__)
+            parts.embed_missing = True
+            return None
+        finally:
+            parts.embed_ms = (time.perf_counter() - started) * 1000
+
+    async def _relevant_leg(self, query: PrefetchQuery, budget: Budget) -> _RelevantParts:
+        cfg = self._config
+        scope, hint = query.scope, query.hint
+        parts = _RelevantParts([], [])
+        vector = await self._embed_hint(hint, budget, parts) if hint else None
+        now = datetime.now(UTC)
+        async with self._connection(budget) as conn:
+            await maybe_sleep(conn, cfg.delays, "prefetch_relevant")
+            topic_rows = await queries.topics(
+                conn,
+                scope,
+                hint=hint,
+                vector=vector,
+                model_id=self._embedder.model_id,
+                patterns=cjk_patterns(hint),
+                limit=MAX_TOPIC_ROWS,
+                timeout_s=statement_timeout(budget),
+            )
+            ranked_topics = assembly.rank_topics(
+                topic_rows,
+                has_hint=bool(hint),
+                now=now,
+                half_life_days=cfg.half_life_days,
+                rrf_k=cfg.rrf_k,
+                limit=cfg.topics,
+            )
+            topic_scores = {t.topic_id: score for t, score in ranked_topics}
+            edges: list[EdgeRow] = await queries.episodes(
+                conn,
+                scope,
+                topic_ids=list(topic_scores),
+                recent=cfg.episodes,
+                limit=MAX_EDGE_ROWS,
+                timeout_s=statement_timeout(budget),
+            )
+            episode_scores = assembly.score_episodes(
+                edges, topic_scores, now=now, half_life_days=cfg.half_life_days
+            )
+            picked = assembly.pick_episodes(
+                (e.episode for e in edges), episode_scores, limit=cfg.episodes
+            )
+            walked_ids = [e.episode_id for e in picked if episode_scores.get(e.episode_id)]
+            walked = await queries.walk_facts(
+                conn,
+                scope,
+                episode_ids=walked_ids,
+                limit=cfg.facts * 2,
+                timeout_s=statement_timeout(budget),
+            )
+            direct = await self._direct_facts(conn, query, vector, budget, now)
+        parts.candidates = assembly.merge_candidates(walked, direct, episode_scores)
+        parts.episodes = picked
+        return parts
+
+    async def _direct_facts(
+        self,
+        conn: asyncpg.Connection,
+        query: PrefetchQuery,
+        vector: Vector | None,
+        budget: Budget,
+        now: datetime,
+    ) -> list[tuple[MemoryRecord, float]]:
+        """Facts matching the hint (RRF of dense and lexical), or the most recent ones; each
+        with a relevance in (0, 1] (recency decay without a hint)."""
+        cfg = self._config
+        scope = query.scope
+        if not query.hint:
+            recent = await queries.recent_facts(
+                conn, scope, limit=cfg.facts, timeout_s=statement_timeout(budget)
+            )
+            return [(r, assembly.decay(r.recorded_at, now, cfg.half_life_days)) for r in recent]
+        legs: dict[str, list[Hit]] = {}
+        if vector is not None:
+            legs["dense"] = await dense_hits(
+                conn,
+                scope,
+                vector,
+                (ItemKind.FACT,),
+                model_id=self._embedder.model_id,
+                limit=cfg.facts,
+                exact_max_rows=cfg.exact_max_rows,
+                as_of=None,
+                budget=budget,
+                delays={},
+            )
+        legs["lexical"] = await lexical_hits(
+            conn,
+            scope,
+            query.hint,
+            (ItemKind.FACT,),
+            limit=cfg.facts,
+            as_of=None,
+            budget=budget,
+            delays={},
+        )
+        fused = rrf({k: keep_visible(scope, v) for k, v in legs.items()}, k=cfg.rrf_k)
+        top = max((f.fused_score for f in fused), default=0.0)
+        return [
+            (f.hit.memory, f.fused_score / top)
+            for f in fused[: cfg.facts]
+            if f.hit.memory is not None and top > 0
+        ]
+
+    def _assemble(
+        self,
+        query: PrefetchQuery,
+        version: int,
+        core: _CoreParts,
+        relevant: _RelevantParts,
+        *,
+        degraded: bool,
+    ) -> Packet:
+        cfg = self._config
+        scope = query.scope
+        # Defense in depth: every fact re-checked against the caller's scope, as Recall does.
+        persona_ranked = assembly.order_facts(
+            (FactCandidate(r, w, 0.0) for r, w in core.persona if memory_visible(scope, r)),
+            cfg.roles,
+        )
+        persona_records = [c.record for c in persona_ranked]
+        taken = {r.memory_id for r in persona_records}
+        core_records = [
+            r
+            for r in assembly.core_order(core.core)
+            if r.memory_id not in taken and memory_visible(scope, r)
+        ]
+        taken.update(r.memory_id for r in core_records)
+        relevant_records = [
+            c.record
+            for c in assembly.order_facts(relevant.candidates, cfg.roles)
+            if c.record.memory_id not in taken and memory_visible(scope, c.record)
+        ][: cfg.facts]
+        episodes = sorted(
+            (e for e in relevant.episodes if e.scope == scope),
+            key=lambda e: (-e.ended_at.timestamp(), e.episode_id),
+        )
+        sections = [
+            packet.persona_section(
+                scope.persona_id, [packet.fact_line(r) for r in persona_records]
+            ),
+            packet.core_section([packet.fact_line(r) for r in core_records]),
+            packet.relevant_section([packet.fact_line(r) for r in relevant_records]),
+            packet.episodes_section([packet.episode_line(e) for e in episodes]),
+        ]
+        rendered = packet.render(
+            sections,
+            limits=packet.Limits(query.chars, query.tokens),
+            header_reserve=packet.header("x" * cfg.max_id_chars),
+        )
+        shown = rendered.shown
+        facts = (
+            persona_records[: shown[PERSONA]]
+            + core_records[: shown[CORE]]
+            + relevant_records[: shown[RELEVANT]]
+        )
+        return Packet(
+            body=rendered.body,
+            facts=tuple(facts),
+            episodes=tuple(episodes[: shown[EPISODES]]),
+            counts={
+                PERSONA: SectionCount(shown[PERSONA], len(persona_records)),
+                CORE: SectionCount(shown[CORE], len(core_records)),
+                RELEVANT: SectionCount(shown[RELEVANT], len(relevant_records)),
+                EPISODES: SectionCount(shown[EPISODES], len(episodes)),
+            },
+            withheld=rendered.withheld,
+            version=version,
+            degraded=degraded,
+            built_at=datetime.now(UTC),
+        )
+
+
+def _empty(version: int, *, degraded: bool) -> Packet:
+    zero = SectionCount(0, 0)
+    return Packet(
+        body="",
+        facts=(),
+        episodes=(),
+        counts={PERSONA: zero, CORE: zero, RELEVANT: zero, EPISODES: zero},
+        withheld=(),
+        version=version,
+        degraded=degraded,
+    )
+
+
+def _observe(timings: PrefetchTimings, status: CacheStatus) -> None:
+    metrics.PREFETCH_CACHE.labels(status.value).inc()
+    for stage, ms in (
+        ("cache", timings.cache_ms),
+        ("embed", timings.embed_ms),
+        ("build", timings.build_ms),
+        ("total", timings.total_ms),
+    ):
+        if ms > 0:
+            metrics.PREFETCH_STAGE_SECONDS.labels(stage).observe(ms / 1000)
