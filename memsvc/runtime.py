@@ -10,6 +10,7 @@ import asyncpg
 import redis.asyncio as aioredis
 
 from memsvc.cache.invalidation import PacketInvalidator
+from memsvc.cache.packets import PacketCache
 from memsvc.config import Settings
 from memsvc.embedding import Embedder
 from memsvc.embedding.factory import build_embedder
@@ -17,8 +18,12 @@ from memsvc.extraction.base import Extractor
 from memsvc.extraction.factory import build_extractor
 from memsvc.extraction.guardrails import Thresholds
 from memsvc.extraction.pipeline import ExtractionPipeline, PipelineSettings
+from memsvc.fanout import LegRunner
 from memsvc.ingest.service import IngestService
 from memsvc.memories.service import MemoryService
+from memsvc.prefetch.service import PrefetchConfig, PrefetchService
+from memsvc.retrieval.embed_cache import EmbeddingLRU, QueryEmbedder
+from memsvc.retrieval.recall import RecallConfig, RecallService
 from memsvc.storage.pool import connect_and_migrate
 from memsvc.workers.outbox_worker import OutboxWorker, WorkerSettings
 from memsvc.workers.reconcile import mark_stale, reconcile_once
@@ -74,6 +79,8 @@ class Runtime:
     invalidator: PacketInvalidator
     memories: MemoryService
     ingest: IngestService
+    recall: RecallService
+    prefetch: PrefetchService
     pipeline: ExtractionPipeline
     worker: OutboxWorker | None
 
@@ -137,6 +144,7 @@ class Runtime:
             embed_timeout_s=settings.embed_timeout_ms / 1000,
         )
         self.ingest = IngestService(self.pool, acquire_timeout_s=acquire_timeout_s)
+        self._build_read_path(settings)
         self.pipeline = ExtractionPipeline(
             self.pool,
             self.embedder,
@@ -156,6 +164,28 @@ class Runtime:
             await worker.start()
             self._stack.push_async_callback(worker.stop, settings.shutdown_grace_s)
             self.worker = worker
+
+    def _build_read_path(self, settings: Settings) -> None:
+        """Recall and Prefetch share the query-embedding LRU and the leg runner."""
+        query_embedder = QueryEmbedder(self.embedder, EmbeddingLRU(settings.query_embed_cache_size))
+        runner = LegRunner()
+        # Cancelled legs give their connections back before the pool closes.
+        self._stack.push_async_callback(runner.aclose)
+        self.recall = RecallService(
+            self.pool, query_embedder, runner, RecallConfig.from_settings(settings)
+        )
+        self.prefetch = PrefetchService(
+            self.pool,
+            query_embedder,
+            PacketCache(
+                self.redis,
+                timeout_s=settings.redis_timeout_ms / 1000,
+                ttl_s=settings.packet_ttl_s,
+                retry_after_s=settings.cache_retry_after_ms / 1000,
+            ),
+            runner,
+            PrefetchConfig.from_settings(settings),
+        )
 
     async def close(self) -> None:
         await self._stack.aclose()

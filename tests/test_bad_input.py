@@ -134,15 +134,3 @@ async def test_unicode_of_every_script_is_stored_verbatim(caller: Caller) -> Non
     for text in texts:
         await remember(caller, text)
     assert {m.content for m in await list_all(caller)} == set(texts)
-
-
-@pytest.mark.parametrize("rpc", ["Prefetch", "Recall"])
-async def test_unbuilt_rpcs_say_so(caller: Caller, rpc: str) -> None:
-    request = {
-        "Prefetch": pb.PrefetchRequest(scope=scope()),
-        "Recall": pb.RecallRequest(scope=scope(), query="q"),
-    }[rpc]
-    with pytest.raises(grpc.aio.AioRpcError) as err:
-        await getattr(caller.stub, rpc)(request)
-    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
-    assert "not built yet" in (err.value.details() or "")

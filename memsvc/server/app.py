@@ -66,6 +66,8 @@ class MemsvcServer:
                 auth,
                 runtime.memories,
                 runtime.ingest,
+                recall=runtime.recall,
+                prefetch=runtime.prefetch,
                 on_read=(lambda s: worker.kick(s.tenant_id, s.user_id)) if worker else None,
             )
             server = grpc.aio.server(

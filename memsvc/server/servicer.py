@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import grpc
 
+from memsvc.admission import InFlightLimit
 from memsvc.config import Settings
 from memsvc.deadline import Budget
 from memsvc.embedding import EmbeddingError
@@ -22,7 +24,9 @@ from memsvc.errors import (
 from memsvc.ingest.service import IngestService
 from memsvc.memories.model import Scope
 from memsvc.memories.service import MemoryService
-from memsvc.server import convert, validate
+from memsvc.prefetch.service import PrefetchService
+from memsvc.retrieval.recall import RecallService
+from memsvc.server import convert, convert_read, validate, validate_read
 from memsvc.server.auth import Authenticator, Metadata
 from memsvc.storage.errors import map_db_error
 from memsvc.v1 import memory_pb2 as pb
@@ -57,15 +61,22 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         memories: MemoryService,
         ingest: IngestService,
         *,
-        on_read: Callable[[Scope], None] | None = None,
+        recall: RecallService | None = None,
+        prefetch: PrefetchService | None = None,
+        on_read: Callable[[Scope], object] | None = None,
     ) -> None:
         self._settings = settings
         self._auth = auth
         self._memories = memories
         self._ingest = ingest
+        self._recall = recall
+        self._prefetch = prefetch
         # Called (never awaited) when a user reads: kicks a drain of that user's pending
-        # ingest work so their memories exist before the next turn.
+        # ingest work so their memories exist before the next turn. An async callback runs
+        # as a background task (referenced until done); either way the read never waits.
         self._on_read = on_read
+        self._on_read_tasks: set[asyncio.Future[object]] = set()
+        self._reads = InFlightLimit(settings.reads_max_in_flight)
 
     async def _run(
         self,
@@ -74,7 +85,10 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         handler: Callable[[str, Budget], Awaitable[Reply]],
         *,
         default_deadline_ms: int,
+        guard_slack_s: float = 0.0,
     ) -> Reply:
+        """``guard_slack_s``: reads manage their own budget (they answer degraded, never late),
+        so their outer guard sits that much later and only fires if something overran."""
         error: MemsvcError
         try:
             tenant = await self._auth.tenant(_metadata(context))
@@ -83,7 +97,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
                 default_ms=default_deadline_ms,
                 margin_ms=self._settings.deadline_margin_ms,
             )
-            async with asyncio.timeout(budget.remaining()):
+            async with asyncio.timeout(budget.remaining() + guard_slack_s):
                 return await handler(tenant, budget)
         except TimeoutError:
             error = DeadlineExceeded(f"{rpc} did not complete within the call's deadline")
@@ -206,13 +220,76 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         error = Unimplemented(f"{rpc} is declared but not built yet ({issue}); no answer is faked")
         await context.abort(error.code, error.message)
 
+    # -- read path ----------------------------------------------------------------------------
+
+    def _notify_read(self, scope: Scope) -> None:
+        """Fire the on_read hook without waiting for it; its failures never fail the read."""
+        if self._on_read is None:
+            return
+        try:
+            result = self._on_read(scope)
+            if inspect.isawaitable(result):
+                task = asyncio.ensure_future(result)
+                self._on_read_tasks.add(task)
+                task.add_done_callback(self._on_read_done)
+        except Exception:
+            log.exception("the on_read hook failed")
+
+    def _on_read_done(self, task: asyncio.Future[object]) -> None:
+        self._on_read_tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("the on_read hook failed: %s", type(task.exception()).__name__)
+
+    def _read_slack(self) -> float:
+        return self._settings.deadline_margin_ms / 1000
+
     async def Prefetch(self, request: pb.PrefetchRequest, context: Context) -> pb.PrefetchResponse:
-        await self._unimplemented(context, "Prefetch", "read path")
-        raise AssertionError("unreachable")
+        service = self._prefetch
+        if service is None:
+            await self._unimplemented(context, "Prefetch", "read path")
+            raise AssertionError("unreachable")
+
+        async def handle(tenant: str, budget: Budget) -> pb.PrefetchResponse:
+            scope = validate.scope(
+                request.scope, tenant, self._settings, present=request.HasField("scope")
+            )
+            query = validate_read.prefetch(request, scope, self._settings)
+            self._notify_read(scope)
+            with self._reads.slot():
+                result = await service.prefetch(query, budget)
+            return convert_read.prefetch_response(result)
+
+        return await self._run(
+            context,
+            "Prefetch",
+            handle,
+            default_deadline_ms=self._settings.prefetch_default_deadline_ms,
+            guard_slack_s=self._read_slack(),
+        )
 
     async def Recall(self, request: pb.RecallRequest, context: Context) -> pb.RecallResponse:
-        await self._unimplemented(context, "Recall", "read path")
-        raise AssertionError("unreachable")
+        service = self._recall
+        if service is None:
+            await self._unimplemented(context, "Recall", "read path")
+            raise AssertionError("unreachable")
+
+        async def handle(tenant: str, budget: Budget) -> pb.RecallResponse:
+            scope = validate.scope(
+                request.scope, tenant, self._settings, present=request.HasField("scope")
+            )
+            query = validate_read.recall(request, scope, self._settings)
+            self._notify_read(scope)
+            with self._reads.slot():
+                result = await service.recall(query, budget)
+            return convert_read.recall_response(result)
+
+        return await self._run(
+            context,
+            "Recall",
+            handle,
+            default_deadline_ms=self._settings.recall_default_deadline_ms,
+            guard_slack_s=self._read_slack(),
+        )
 
     # -- write path ---------------------------------------------------------------------------
 

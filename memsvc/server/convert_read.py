@@ -1,0 +1,112 @@
+"""Recall and Prefetch results to proto messages (pure)."""
+
+from __future__ import annotations
+
+from memsvc.cache.packets import CacheStatus
+from memsvc.prefetch.model import CORE, EPISODES, PERSONA, RELEVANT, EpisodeRecord
+from memsvc.prefetch.service import PrefetchResult
+from memsvc.retrieval.query import ItemKind
+from memsvc.retrieval.recall import DENSE, LEXICAL, RecallResult
+from memsvc.server.convert import memory, timestamp
+from memsvc.v1 import memory_pb2 as pb
+
+_ITEM_TYPES = {
+    ItemKind.FACT: pb.ITEM_TYPE_FACT,
+    ItemKind.EPISODE: pb.ITEM_TYPE_EPISODE,
+    ItemKind.MESSAGE: pb.ITEM_TYPE_MESSAGE,
+}
+_ROLES = {
+    "user": pb.MESSAGE_ROLE_USER,
+    "assistant": pb.MESSAGE_ROLE_ASSISTANT,
+    "system": pb.MESSAGE_ROLE_SYSTEM,
+    "tool": pb.MESSAGE_ROLE_TOOL,
+}
+_CACHE = {
+    CacheStatus.HIT: pb.CACHE_STATUS_HIT,
+    CacheStatus.MISS: pb.CACHE_STATUS_MISS,
+    CacheStatus.BYPASSED: pb.CACHE_STATUS_BYPASSED,
+}
+
+
+def recall_response(result: RecallResult) -> pb.RecallResponse:
+    items = []
+    for ranked in result.items:
+        fused = ranked.fused
+        hit = fused.hit
+        item = pb.RecallItem(
+            type=_ITEM_TYPES[hit.kind],
+            id=hit.id,
+            text=hit.text,
+            score=ranked.score,
+            fused_score=fused.fused_score,
+            dense_rank=fused.rank_in(DENSE),
+            lexical_rank=fused.rank_in(LEXICAL),
+            session_id=hit.session_id,
+            occurred_at=timestamp(hit.occurred_at),
+            sender_id=hit.sender_id,
+            role=_ROLES.get(hit.role, pb.MESSAGE_ROLE_UNSPECIFIED),
+        )
+        if hit.memory is not None:
+            item.memory.CopyFrom(memory(hit.memory))
+        items.append(item)
+    t = result.timings
+    return pb.RecallResponse(
+        degraded=result.degraded,
+        items=items,
+        missing_legs=list(result.missing_legs),
+        timings=pb.StageTimings(
+            embed_ms=t.embed_ms,
+            dense_ms=t.dense_ms,
+            lexical_ms=t.lexical_ms,
+            fuse_ms=t.fuse_ms,
+            total_ms=t.total_ms,
+        ),
+        route=result.route,
+    )
+
+
+def episode(record: EpisodeRecord) -> pb.Episode:
+    return pb.Episode(
+        episode_id=str(record.episode_id),
+        scope=pb.Scope(
+            user_id=record.scope.user_id,
+            persona_id=record.scope.persona_id,
+            agent_id=record.scope.agent_id,
+        ),
+        session_id=record.session_id,
+        title=record.title,
+        summary=record.summary,
+        excerpt=record.excerpt,
+        source_message_ids=list(record.source_message_ids),
+        started_at=timestamp(record.started_at),
+        ended_at=timestamp(record.ended_at),
+    )
+
+
+def prefetch_response(result: PrefetchResult) -> pb.PrefetchResponse:
+    built = result.packet
+    counts = built.counts
+
+    def count(name: str) -> pb.SectionCount:
+        c = counts.get(name)
+        return pb.SectionCount(shown=c.shown, total=c.total) if c else pb.SectionCount()
+
+    t = result.timings
+    return pb.PrefetchResponse(
+        text=result.text,
+        facts=[memory(r) for r in built.facts],
+        episodes=[episode(e) for e in built.episodes],
+        counts=pb.PacketCounts(
+            persona=count(PERSONA),
+            core=count(CORE),
+            relevant=count(RELEVANT),
+            episodes=count(EPISODES),
+        ),
+        version=built.version,
+        cache=_CACHE[result.cache],
+        degraded=built.degraded,
+        withheld=list(built.withheld),
+        timings=pb.StageTimings(
+            embed_ms=t.embed_ms, cache_ms=t.cache_ms, build_ms=t.build_ms, total_ms=t.total_ms
+        ),
+    )

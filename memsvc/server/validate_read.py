@@ -1,0 +1,109 @@
+"""Validation of Recall and Prefetch requests: proto in, domain query out, InvalidArgument."""
+
+from __future__ import annotations
+
+import math
+import unicodedata
+
+import numpy as np
+
+from memsvc.config import Settings
+from memsvc.errors import InvalidArgument
+from memsvc.memories.model import Scope
+from memsvc.prefetch.model import PrefetchQuery
+from memsvc.retrieval.query import DEFAULT_KINDS, ItemKind, Mode, RecallQuery
+from memsvc.server import validate
+from memsvc.v1 import memory_pb2 as pb
+
+_KINDS = {
+    pb.ITEM_TYPE_FACT: ItemKind.FACT,
+    pb.ITEM_TYPE_EPISODE: ItemKind.EPISODE,
+    pb.ITEM_TYPE_MESSAGE: ItemKind.MESSAGE,
+}
+_MODES = {
+    pb.RECALL_MODE_UNSPECIFIED: Mode.HYBRID,
+    pb.RECALL_MODE_HYBRID: Mode.HYBRID,
+    pb.RECALL_MODE_DENSE: Mode.DENSE,
+    pb.RECALL_MODE_LEXICAL: Mode.LEXICAL,
+}
+
+
+def query_text(value: str, field: str, settings: Settings) -> str:
+    """Free text of a query or hint: trimmed, bounded, no control characters but breaks."""
+    text = value.strip()
+    if len(text) > settings.max_query_chars:
+        raise InvalidArgument(f"{field}: at most {settings.max_query_chars} characters")
+    if any(unicodedata.category(ch) in ("Cc", "Cs") and ch not in "\n\r\t" for ch in text):
+        raise InvalidArgument(f"{field}: must not contain control characters")
+    return text
+
+
+def query_vector(values: list[float], settings: Settings) -> np.ndarray | None:
+    if not values:
+        return None
+    if len(values) != settings.embedding_dim:
+        raise InvalidArgument(
+            f"query_vector: must have {settings.embedding_dim} dimensions, got {len(values)}"
+        )
+    if not all(math.isfinite(v) for v in values):
+        raise InvalidArgument("query_vector: must contain finite numbers only")
+    vector = np.asarray(values, dtype=np.float32)
+    if not np.any(vector):
+        raise InvalidArgument("query_vector: must not be all zeros (no direction to compare)")
+    return vector
+
+
+def recall(request: pb.RecallRequest, scope: Scope, settings: Settings) -> RecallQuery:
+    text = query_text(request.query, "query", settings)
+    vector = query_vector(list(request.query_vector), settings)
+    if not text and vector is None:
+        raise InvalidArgument("query: required unless query_vector is set")
+    if not 0 <= request.top_k <= settings.recall_max_top_k:
+        raise InvalidArgument(
+            f"top_k: between 1 and {settings.recall_max_top_k} (0: default "
+            f"{settings.recall_default_top_k})"
+        )
+    kinds: list[ItemKind] = []
+    for i, raw in enumerate(request.types):
+        kind = _KINDS.get(raw)
+        if kind is None:
+            raise InvalidArgument(f"types[{i}]: unknown item type {raw}; FACT, EPISODE or MESSAGE")
+        if kind not in kinds:
+            kinds.append(kind)
+    mode = _MODES.get(request.mode)
+    if mode is None:
+        raise InvalidArgument(f"mode: unknown mode {request.mode}; HYBRID, DENSE or LEXICAL")
+    if mode is Mode.LEXICAL and not text:
+        raise InvalidArgument("query: LEXICAL mode needs a text query (a vector cannot match text)")
+    return RecallQuery(
+        scope=scope,
+        text=text,
+        vector=vector,
+        top_k=request.top_k or settings.recall_default_top_k,
+        kinds=tuple(kinds) or DEFAULT_KINDS,
+        mode=mode,
+        as_of=validate.timestamp(request.as_of, "as_of") if request.HasField("as_of") else None,
+    )
+
+
+def prefetch(request: pb.PrefetchRequest, scope: Scope, settings: Settings) -> PrefetchQuery:
+    chars = request.budget.chars
+    if chars != 0 and not settings.packet_min_chars <= chars <= settings.packet_max_chars:
+        raise InvalidArgument(
+            f"budget.chars: between {settings.packet_min_chars} and {settings.packet_max_chars}"
+            f" (0: default {settings.packet_default_chars})"
+        )
+    tokens = request.budget.tokens
+    if tokens != 0 and not settings.packet_min_chars <= tokens <= settings.packet_max_chars:
+        # Tokens are counted as UTF-8 bytes (never under-counted), hence the same floor.
+        raise InvalidArgument(
+            f"budget.tokens: between {settings.packet_min_chars} and {settings.packet_max_chars}"
+            " (0: no token limit)"
+        )
+    return PrefetchQuery(
+        scope=scope,
+        session_id=validate.identifier(request.session_id, "session_id", settings, required=False),
+        hint=" ".join(query_text(request.hint, "hint", settings).split()),
+        chars=chars or settings.packet_default_chars,
+        tokens=tokens,
+    )
