@@ -300,15 +300,19 @@ async def server_with_worker(settings: Settings, embedder: Embedder) -> AsyncIte
 
 
 async def test_in_server_worker_wakes_on_notify(caller: Caller, server_with_worker) -> None:  # type: ignore[no-untyped-def]
-    # Let the worker's first sweep pass, so only a notification can wake it for this job.
+    # Let the worker's first sweep pass, so only notifications (and finished jobs freeing a
+    # slot) can wake it: the sweep is 300 s away. More jobs than the worker's concurrency.
     await asyncio.sleep(0.5)
-    reply = await ingest(caller, [msg("alice", "I'm from Accra.")])
-    for _ in range(200):
-        if (await status(caller, reply.ingest_id)).state == pb.INGEST_STATE_DONE:
+    users = [f"user{i}" for i in range(5)]
+    replies = [await ingest(caller, [msg(u, "I'm from Accra.")], user=u) for u in users]
+    for _ in range(400):
+        states = [(await status(caller, r.ingest_id)).state for r in replies]
+        if all(s == pb.INGEST_STATE_DONE for s in states):
             break
         await asyncio.sleep(0.05)
-    assert (await status(caller, reply.ingest_id)).state == pb.INGEST_STATE_DONE
-    assert await contents(caller) == ["Is from Accra"]
+    assert states == [pb.INGEST_STATE_DONE] * len(users)
+    for u in users:
+        assert await contents(caller, u) == ["Is from Accra"]
 
 
 async def test_quota_skips_new_facts_but_never_reinforcements(caller: Caller, server) -> None:  # type: ignore[no-untyped-def]

@@ -236,6 +236,8 @@ class OutboxWorker:
             return
         finally:
             metrics.JOB_SECONDS.observe(time.perf_counter() - started)
+            # A slot is free again: let the loop claim the next due job now, not at the sweep.
+            self._wake.set()
         await asyncio.shield(self._done(job, outcome))
 
     async def _done(self, job: Job, outcome: Outcome) -> None:
