@@ -43,6 +43,9 @@ def served_stack(extra_env: dict[str, str] | None = None) -> Iterator[Target]:
     """Embedded PostgreSQL + valkey, and `memsvc serve` against them in its own process."""
     from memsvc.embedded import EmbeddedStack
 
+    # `timeout` and Ctrl-C must still stop the child servers: turn SIGTERM into SystemExit so
+    # the finally blocks below run.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="memsvc-bench-") as tmp:
         stack = EmbeddedStack(Path(tmp))
