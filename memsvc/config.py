@@ -137,7 +137,8 @@ class Settings:
     packet_ttl_s: int = 600
     packet_default_chars: int = 4_000
     packet_max_chars: int = 32_000
-    packet_min_chars: int = 400
+    # Room for the framing, the longest session echo and a withheld note.
+    packet_min_chars: int = 600
     half_life_days: float = 30.0
     prefetch_topics: int = 8
     prefetch_episodes: int = 8

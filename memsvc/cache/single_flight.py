@@ -16,8 +16,8 @@ class SingleFlight(Generic[K, V]):
 
     The build is a task of its own, not part of the first caller: if that caller is
     cancelled (its client went away), the others still get the result. The build must bound
-    itself (it runs under the budget its starter gave it); each caller waits at most its own
-    ``timeout_s`` and gets TimeoutError after, while the build carries on for the rest.
+    itself (it runs under the budget its starter gave it); a joiner waits at most its own
+    budget and gets TimeoutError after, while the build carries on for the rest.
     """
 
     def __init__(self) -> None:
@@ -27,18 +27,23 @@ class SingleFlight(Generic[K, V]):
         return len(self._flights)
 
     async def do(
-        self, key: K, build: Callable[[], Awaitable[V]], *, timeout_s: float
+        self, key: K, build: Callable[[], Awaitable[V]], *, join_timeout_s: float
     ) -> tuple[V, bool]:
-        """The build's value, and whether this caller joined another's build."""
+        """The build's value, and whether this caller joined another's build.
+
+        The caller that starts the build waits for it to finish (the build bounds itself by
+        that caller's budget: a timeout here would race the build's own and throw away a
+        result that was ready). A joiner waits at most ``join_timeout_s``.
+        """
         task = self._flights.get(key)
-        joined = task is not None
         if task is None:
             task = asyncio.ensure_future(build())
             self._flights[key] = task
             task.add_done_callback(functools.partial(self._forget, key))
-        # shield: a caller giving up (timeout, cancellation) must not cancel the shared build.
-        value = await asyncio.wait_for(asyncio.shield(task), timeout=max(timeout_s, 0.0))
-        return value, joined
+            return await asyncio.shield(task), False
+        # shield: a joiner giving up (timeout, cancellation) must not cancel the shared build.
+        value = await asyncio.wait_for(asyncio.shield(task), timeout=max(join_timeout_s, 0.0))
+        return value, True
 
     def _forget(self, key: K, task: asyncio.Task[V]) -> None:
         if self._flights.get(key) is task:

@@ -18,9 +18,16 @@ class CodecError(ValueError):
     """Cached bytes that this version cannot read (treated as a miss)."""
 
 
+def _default(value: object) -> str:
+    # asyncpg returns its own UUID subclass, which orjson does not take for a uuid.UUID.
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    raise TypeError(f"cannot encode {type(value).__name__}")
+
+
 def encode(packet: Packet) -> bytes:
-    # orjson serialises dataclasses, datetimes and UUIDs natively.
-    return orjson.dumps({"format": FORMAT, "packet": packet})
+    # orjson serialises dataclasses, datetimes and (exact) UUIDs natively.
+    return orjson.dumps({"format": FORMAT, "packet": packet}, default=_default)
 
 
 def _dt(value: str | None) -> datetime | None:

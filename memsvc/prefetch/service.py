@@ -79,7 +79,6 @@ class PrefetchConfig:
     facts: int
     exact_max_rows: int
     roles: tuple[str, ...]
-    max_id_chars: int
     embed_timeout_s: float
     acquire_timeout_s: float
     redis_timeout_s: float
@@ -95,7 +94,6 @@ class PrefetchConfig:
             facts=settings.prefetch_facts,
             exact_max_rows=settings.dense_exact_max_rows,
             roles=settings.roles,
-            max_id_chars=settings.max_id_chars,
             embed_timeout_s=settings.embed_timeout_ms / 1000,
             acquire_timeout_s=settings.pg_acquire_timeout_ms / 1000,
             redis_timeout_s=settings.redis_timeout_ms / 1000,
@@ -204,7 +202,7 @@ class PrefetchService:
                 result, _joined = await self._flights.do(
                     key,
                     lambda: self._build(query, version, key, budget, use_cache=use_cache),
-                    timeout_s=budget.remaining(),
+                    join_timeout_s=budget.remaining(),
                 )
                 built = result.packet
                 timings.embed_ms = result.embed_ms
@@ -440,7 +438,7 @@ class PrefetchService:
         rendered = packet.render(
             sections,
             limits=packet.Limits(query.chars, query.tokens),
-            header_reserve=packet.header("x" * cfg.max_id_chars),
+            header_reserve=packet.header("x" * packet.MAX_SESSION_ECHO),
         )
         shown = rendered.shown
         facts = (

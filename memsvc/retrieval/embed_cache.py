@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict
 
 import numpy as np
 import numpy.typing as npt
 
 from memsvc.embedding import Embedder
+from memsvc.embedding.base import EmbeddingTimeout
 
 Vector = npt.NDArray[np.float32]
 
@@ -69,11 +71,16 @@ class QueryEmbedder:
         return self._cache.get(self._embedder.model_id, text)
 
     async def embed(self, text: str, *, timeout_s: float) -> Vector:
-        """The query's vector; raises EmbeddingError / EmbeddingTimeout like the embedder."""
+        """The query's vector; EmbeddingTimeout past ``timeout_s``, EmbeddingError on failure."""
         vector = self.cached(text)
         if vector is not None:
             return vector
-        vectors = await self._embedder.embed([text], timeout_s=timeout_s)
+        try:
+            # Backends take the timeout too; this bound holds even for one that ignores it.
+            async with asyncio.timeout(timeout_s):
+                vectors = await self._embedder.embed([text], timeout_s=timeout_s)
+        except TimeoutError as exc:
+            raise EmbeddingTimeout(f"query embedding took longer than {timeout_s:.3f} s") from exc
         fresh: Vector = vectors[0]
         self._cache.put(self._embedder.model_id, text, fresh)
         return fresh

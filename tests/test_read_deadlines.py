@@ -1,0 +1,333 @@
+"""Deadlines of the read path, with legs slowed for real: a server-side pg_sleep before a
+leg's SQL (a test-only setting), a held table lock, or an embedder that is slow to answer.
+
+Every call here must come back OK (degraded, with the missing legs named) well before the
+caller's deadline, and the abandoned database work must really stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
+
+import asyncpg
+import grpc
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from memsvc.config import Settings
+from memsvc.debug_delay import MARKER
+from memsvc.embedding import Embedder
+from memsvc.server.app import MemsvcServer
+from memsvc.v1 import memory_pb2 as pb
+from memsvc.v1 import memory_pb2_grpc
+from tests.conftest import Caller, _KeyedStub
+from tests.read_helpers import pscope
+from tests.test_explicit_memory import remember
+
+FACT = pb.ITEM_TYPE_FACT
+SLOW_S = 30  # far longer than any deadline here: if the reply came, the leg was abandoned
+# The client, the servers and the test share one event loop on a shared 2-core box: timing
+# is asserted only generously. What is asserted strictly is the status (OK, never
+# DEADLINE_EXCEEDED) and what the answer says is missing.
+SLACK_S = 1.0
+MARGIN_MS = 50
+
+
+class SlowEmbedder:
+    """The real embedder, answering only after ``delay_s`` (an overloaded model server)."""
+
+    def __init__(self, inner: Embedder, delay_s: float) -> None:
+        self._inner = inner
+        self._delay_s = delay_s
+
+    @property
+    def model_id(self) -> str:
+        return self._inner.model_id
+
+    @property
+    def dimension(self) -> int:
+        return self._inner.dimension
+
+    async def embed(
+        self, texts: Sequence[str], *, timeout_s: float | None = None
+    ) -> npt.NDArray[np.float32]:
+        await asyncio.sleep(self._delay_s)
+        return await self._inner.embed(texts, timeout_s=timeout_s)
+
+    async def aclose(self) -> None:
+        """The wrapped embedder belongs to the session."""
+
+
+Start = Callable[..., Awaitable[Any]]
+
+
+@pytest.fixture
+async def start_server(
+    settings: Settings, embedder: Embedder
+) -> AsyncIterator[Callable[..., Awaitable[tuple[MemsvcServer, grpc.aio.Channel]]]]:
+    """Factory: another memsvc on the session's databases, with settings overridden."""
+    started: list[tuple[MemsvcServer, grpc.aio.Channel]] = []
+
+    async def start(
+        *, slow_embedder_s: float = 0.0, **overrides: Any
+    ) -> tuple[MemsvcServer, grpc.aio.Channel]:
+        used: Embedder = SlowEmbedder(embedder, slow_embedder_s) if slow_embedder_s else embedder
+        overrides.setdefault("deadline_margin_ms", MARGIN_MS)
+        srv = MemsvcServer(settings.with_overrides(**overrides), embedder=used, with_worker=False)
+        await srv.start()
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{srv.port}")
+        started.append((srv, channel))
+        return srv, channel
+
+    yield start
+    for srv, channel in started:
+        await channel.close()
+        await srv.stop(grace_s=1.0)
+
+
+def stub(channel: grpc.aio.Channel, caller: Caller) -> Any:
+    return _KeyedStub(memory_pb2_grpc.MemoryServiceStub(channel), caller.key)
+
+
+async def active_queries(pool: asyncpg.Pool, pattern: str) -> list[asyncpg.Record]:
+    async with pool.acquire() as conn:
+        rows: list[asyncpg.Record] = await conn.fetch(
+            "SELECT pid, state, wait_event_type, query FROM pg_stat_activity"
+            " WHERE query LIKE $1 AND state <> 'idle' AND pid <> pg_backend_pid()",
+            f"%{pattern}%",
+        )
+        return rows
+
+
+async def eventually_none(pool: asyncpg.Pool, pattern: str, within_s: float = 5.0) -> None:
+    """The server shows no running query matching ``pattern`` (it may take a moment for the
+    cancel request to land), long before the query would have ended by itself."""
+    deadline = time.monotonic() + within_s
+    while True:
+        rows = await active_queries(pool, pattern)
+        if not rows:
+            return
+        assert time.monotonic() < deadline, f"still running: {[r['query'][:80] for r in rows]}"
+        await asyncio.sleep(0.05)
+
+
+async def seeded(caller: Caller) -> str:
+    await remember(caller, "Takes no sugar in coffee")
+    await remember(caller, "Daughter is named Maya")
+    return "coffee sugar"
+
+
+async def timed(call: Awaitable[Any]) -> tuple[Any, float]:
+    started = time.monotonic()
+    reply = await call
+    return reply, time.monotonic() - started
+
+
+@pytest.mark.parametrize(
+    ("slowed", "missing", "survivor"),
+    [
+        ("dense", ["dense"], "lexical"),
+        ("lexical", ["lexical"], "dense"),
+    ],
+)
+async def test_one_slow_leg_is_cancelled_and_the_other_answers(
+    caller: Caller,
+    pool: asyncpg.Pool,
+    start_server: Start,
+    slowed: str,
+    missing: list[str],
+    survivor: str,
+) -> None:
+    query = await seeded(caller)
+    _srv, channel = await start_server(debug_stage_delays_ms=((slowed, SLOW_S * 1000),))
+    call = stub(channel, caller).Recall(pb.RecallRequest(scope=pscope(), query=query), timeout=0.6)
+    reply, elapsed = await timed(call)
+    assert elapsed < 0.6 + SLACK_S
+    assert reply.degraded and list(reply.missing_legs) == missing
+    assert reply.items and reply.items[0].text == "Takes no sugar in coffee"
+    for item in reply.items:
+        assert getattr(item, f"{slowed}_rank") == 0 and getattr(item, f"{survivor}_rank") > 0
+    await eventually_none(pool, f"{MARKER}:{slowed}")
+
+
+async def test_both_legs_slow_is_ok_empty_and_degraded(
+    caller: Caller, pool: asyncpg.Pool, start_server: Start
+) -> None:
+    query = await seeded(caller)
+    _srv, channel = await start_server(
+        debug_stage_delays_ms=(("dense", SLOW_S * 1000), ("lexical", SLOW_S * 1000))
+    )
+    reply, elapsed = await timed(
+        stub(channel, caller).Recall(pb.RecallRequest(scope=pscope(), query=query), timeout=0.4)
+    )
+    assert elapsed < 0.4 + SLACK_S
+    assert reply.degraded and list(reply.items) == []
+    assert list(reply.missing_legs) == ["dense", "lexical"]
+    await eventually_none(pool, MARKER)
+
+
+async def test_cancelled_leg_query_really_stops_on_the_server(
+    caller: Caller, pool: asyncpg.Pool, start_server: Start
+) -> None:
+    query = await seeded(caller)
+    _srv, channel = await start_server(debug_stage_delays_ms=(("dense", SLOW_S * 1000),))
+    call = asyncio.ensure_future(
+        stub(channel, caller).Recall(pb.RecallRequest(scope=pscope(), query=query), timeout=1.5)
+    )
+    # While the call runs, the slowed leg's query is visible on the server...
+    deadline = time.monotonic() + 1.0
+    while not await active_queries(pool, f"{MARKER}:dense"):
+        assert time.monotonic() < deadline, "the slowed leg never reached the server"
+        await asyncio.sleep(0.02)
+    reply = await call
+    assert reply.degraded and list(reply.missing_legs) == ["dense"]
+    # ...and once the budget ran out it is gone, ~28 s before pg_sleep would have ended.
+    await eventually_none(pool, f"{MARKER}:dense")
+
+
+async def test_legs_blocked_by_a_lock_are_cancelled(
+    caller: Caller, pool: asyncpg.Pool, channel: grpc.aio.Channel
+) -> None:
+    query = await seeded(caller)
+    async with pool.acquire() as locker:
+        tx = locker.transaction()
+        await tx.start()
+        try:
+            await locker.execute("LOCK TABLE memories IN ACCESS EXCLUSIVE MODE")
+            reply, elapsed = await timed(
+                caller.stub.Recall(
+                    pb.RecallRequest(scope=pscope(), query=query, types=[FACT]), timeout=0.5
+                )
+            )
+            assert elapsed < 0.5 + SLACK_S
+            assert reply.degraded and list(reply.missing_legs) == ["dense", "lexical"]
+            # The real leg statements were waiting on the lock; they were cancelled.
+            await eventually_none(pool, "memsvc:recall")
+        finally:
+            await tx.rollback()
+    after = await caller.stub.Recall(pb.RecallRequest(scope=pscope(), query=query))
+    assert not after.degraded and after.items
+
+
+async def test_slow_embedder_makes_the_dense_leg_missing(
+    caller: Caller, start_server: Start
+) -> None:
+    await seeded(caller)
+    _srv, channel = await start_server(slow_embedder_s=SLOW_S)
+    reply, elapsed = await timed(
+        stub(channel, caller).Recall(
+            pb.RecallRequest(scope=pscope(), query="sugar in my coffee"), timeout=0.5
+        )
+    )
+    assert elapsed < 0.5 + SLACK_S
+    assert reply.degraded and list(reply.missing_legs) == ["embed", "dense"]
+    assert reply.items[0].text == "Takes no sugar in coffee" and reply.items[0].dense_rank == 0
+    # A caller-supplied vector needs no embedder: nothing is missing.
+    vector = [0.05] * 384
+    direct = await stub(channel, caller).Recall(
+        pb.RecallRequest(scope=pscope(), query="coffee", query_vector=vector), timeout=0.5
+    )
+    assert not direct.degraded
+
+
+async def test_no_deadline_uses_the_configured_default(caller: Caller, start_server: Start) -> None:
+    query = await seeded(caller)
+    _srv, channel = await start_server(
+        debug_stage_delays_ms=(("dense", SLOW_S * 1000), ("lexical", SLOW_S * 1000)),
+        recall_default_deadline_ms=300,
+    )
+    reply, elapsed = await timed(
+        stub(channel, caller).Recall(pb.RecallRequest(scope=pscope(), query=query), timeout=None)
+    )
+    assert reply.degraded and 0.25 < elapsed < 5.0
+
+
+async def test_overload_is_shed_with_resource_exhausted(
+    caller: Caller, start_server: Start
+) -> None:
+    query = await seeded(caller)
+    _srv, channel = await start_server(
+        debug_stage_delays_ms=(("dense", SLOW_S * 1000),), reads_max_in_flight=1
+    )
+    s = stub(channel, caller)
+    first = asyncio.ensure_future(
+        s.Recall(pb.RecallRequest(scope=pscope(), query=query), timeout=1.0)
+    )
+    await asyncio.sleep(0.2)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await s.Recall(pb.RecallRequest(scope=pscope(), query=query), timeout=1.0)
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert (await first).degraded
+
+
+# -- Prefetch -------------------------------------------------------------------------------
+
+
+async def test_prefetch_slow_walk_keeps_core_facts(caller: Caller, start_server: Start) -> None:
+    await remember(caller, "Vegetarian", role="core")
+    await remember(caller, "Likes jazz")
+    _srv, channel = await start_server(
+        debug_stage_delays_ms=(("prefetch_relevant", SLOW_S * 1000),)
+    )
+    reply, elapsed = await timed(
+        stub(channel, caller).Prefetch(
+            pb.PrefetchRequest(scope=pscope(), hint="music"), timeout=0.3
+        )
+    )
+    assert elapsed < 0.3 + SLACK_S
+    assert reply.degraded and reply.cache == pb.CACHE_STATUS_MISS
+    assert "Vegetarian" in reply.text and "Likes jazz" not in reply.text
+    assert reply.counts.core.shown == 1 and reply.counts.relevant.total == 0
+
+
+async def test_prefetch_degraded_packets_are_not_cached(
+    caller: Caller, start_server: Start
+) -> None:
+    await remember(caller, "Vegetarian", role="core")
+    _srv, slow = await start_server(debug_stage_delays_ms=(("prefetch_core", SLOW_S * 1000),))
+    reply = await stub(slow, caller).Prefetch(pb.PrefetchRequest(scope=pscope()), timeout=0.3)
+    # The core leg is missing (the fact still shows among the recent ones).
+    assert reply.degraded and reply.counts.core.total == 0
+    # The shared server (no delays) must build a full packet, not serve the degraded one.
+    full = await caller.stub.Prefetch(pb.PrefetchRequest(scope=pscope()))
+    assert not full.degraded and full.cache == pb.CACHE_STATUS_MISS
+    assert full.counts.core.shown == 1 and "Pinned and core facts" in full.text
+    again = await caller.stub.Prefetch(pb.PrefetchRequest(scope=pscope()))
+    assert again.cache == pb.CACHE_STATUS_HIT and again.text == full.text
+
+
+async def test_prefetch_everything_slow_is_ok_and_empty(
+    caller: Caller, pool: asyncpg.Pool, start_server: Start
+) -> None:
+    await remember(caller, "Vegetarian", role="core")
+    _srv, channel = await start_server(
+        debug_stage_delays_ms=(
+            ("prefetch_core", SLOW_S * 1000),
+            ("prefetch_relevant", SLOW_S * 1000),
+        ),
+        prefetch_default_deadline_ms=250,
+    )
+    reply, elapsed = await timed(
+        stub(channel, caller).Prefetch(pb.PrefetchRequest(scope=pscope()), timeout=None)
+    )
+    assert 0.2 < elapsed < 5.0
+    assert reply.degraded and reply.text == "" and list(reply.facts) == []
+    await eventually_none(pool, f"{MARKER}:prefetch")
+
+
+async def test_prefetch_slow_embedder_falls_back_to_full_text(
+    caller: Caller, start_server: Start
+) -> None:
+    await remember(caller, "Plays the cello on Sundays")
+    _srv, channel = await start_server(slow_embedder_s=SLOW_S)
+    reply, elapsed = await timed(
+        stub(channel, caller).Prefetch(
+            pb.PrefetchRequest(scope=pscope(), hint="cello lessons"), timeout=0.4
+        )
+    )
+    assert elapsed < 0.4 + SLACK_S
+    assert reply.degraded and "Plays the cello on Sundays" in reply.text
