@@ -200,3 +200,34 @@ async def test_one_session_ingested_turn_by_turn_grows_one_episode(
             caller.tenant_id,
         )
     assert [r["n"] for r in rows] == [turns]
+
+
+async def test_messages_are_indexed_with_their_session_context(caller: Caller, drain, pool) -> None:  # type: ignore[no-untyped-def]
+    words = ["apple", "banana", "cherry", "damson", "elder"]
+    await ingest(
+        caller,
+        [msg("alice", f"I talked about {w}", message_id=f"c{i}") for i, w in enumerate(words)],
+    )
+    await drain()
+
+    async def context(message_id: str) -> dict[str, str]:
+        async with pool.acquire() as conn:
+            rows = await conn.fetch(
+                "SELECT lexeme, weights FROM messages, unnest(context_tsv)"
+                " WHERE tenant_id = $1 AND message_id = $2",
+                caller.tenant_id,
+                message_id,
+            )
+        return {r["lexeme"]: "".join(sorted(r["weights"])) for r in rows}
+
+    middle = await context("c2")
+    assert middle["cherri"] == "A"
+    assert middle["banana"] == "B" and middle["damson"] == "B"
+    assert middle["appl"] == "C" and middle["elder"] == "C"
+    assert "2026" in middle and "novemb" in middle  # the day it was said, weight D
+    # A later turn of the same session reaches back into the two before it.
+    await ingest(caller, [msg("alice", "I talked about fig", message_id="c5")])
+    await drain()
+    assert (await context("c4")).get("fig") == "B"
+    assert (await context("c3")).get("fig") == "C"
+    assert "fig" not in await context("c2")

@@ -138,8 +138,15 @@ class ExtractionPipeline:
     # -- steps ---------------------------------------------------------------------------------
 
     async def _index_messages(self, scope: Scope, rows: Sequence[asyncpg.Record]) -> int:
-        """Embed the job's messages for the recall tier. A failure leaves them marked missing
-        (the reconcile task repairs them); it does not hold up extraction."""
+        """Make the job's messages searchable: the lexical context index (with their session
+        neighbours), then embeddings. An embedding failure leaves them marked missing (the
+        reconcile task repairs them); it does not hold up extraction."""
+        by_session: dict[str, list[str]] = {}
+        for r in rows:
+            by_session.setdefault(r["session_id"], []).append(r["message_id"])
+        async with self._pool.acquire() as conn:
+            for session_id, ids in by_session.items():
+                await messages.index_session_context(conn, scope, session_id, ids)
         todo = [r for r in rows if r["embedding_state"] != "ok" and r["text"].strip()]
         if not todo:
             return 0

@@ -96,3 +96,47 @@ async def set_message_embeddings(
             for (s, m), v in zip(keys, vectors, strict=True)
         ],
     )
+
+
+async def index_session_context(
+    conn: asyncpg.Connection, scope: Scope, session_id: str, message_ids: Sequence[str]
+) -> int:
+    """(Re)build the context tsvector of the given messages and of the two before each of
+    them in the session (their forward neighbours changed). Returns rows updated."""
+    result: str = await conn.execute(
+        """
+        WITH s AS (
+            SELECT message_id, text, sent_at,
+                   row_number() OVER (ORDER BY sent_at, message_id) AS i
+            FROM messages
+            WHERE tenant_id = $1 AND user_id = $2 AND persona_id = $3 AND agent_id = $4
+              AND session_id = $5
+        ),
+        first_new AS (SELECT coalesce(min(i), 0) AS i FROM s WHERE message_id = ANY($6::text[])),
+        ctx AS (
+            SELECT t.message_id,
+                   setweight(to_tsvector('english', t.text), 'A')
+                || setweight(to_tsvector('english', coalesce((
+                       SELECT string_agg(n.text, ' ') FROM s n WHERE abs(n.i - t.i) = 1
+                   ), '')), 'B')
+                || setweight(to_tsvector('english', coalesce((
+                       SELECT string_agg(n.text, ' ') FROM s n WHERE abs(n.i - t.i) = 2
+                   ), '')), 'C')
+                || setweight(to_tsvector('english', to_char(t.sent_at, 'FMDD FMMonth YYYY')), 'D')
+                   AS tsv
+            FROM s t, first_new f
+            WHERE f.i > 0 AND t.i >= f.i - 2
+        )
+        UPDATE messages m SET context_tsv = ctx.tsv
+        FROM ctx
+        WHERE m.tenant_id = $1 AND m.user_id = $2 AND m.persona_id = $3 AND m.agent_id = $4
+          AND m.session_id = $5 AND m.message_id = ctx.message_id
+        """,
+        scope.tenant_id,
+        scope.user_id,
+        scope.persona_id,
+        scope.agent_id,
+        session_id,
+        list(message_ids),
+    )
+    return int(result.split()[-1])
