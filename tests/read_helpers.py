@@ -3,20 +3,29 @@ PostgreSQL with real embeddings (what Ingest's workers write), plus small reques
 
 from __future__ import annotations
 
+import asyncio
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import asyncpg
+import grpc
+import numpy as np
+import numpy.typing as npt
+import pytest
 
+from memsvc.config import Settings
 from memsvc.embedding import Embedder
 from memsvc.extraction.base import CandidateEpisode
 from memsvc.memories.model import Scope
+from memsvc.server.app import MemsvcServer
 from memsvc.storage import extraction, topics, versions
 from memsvc.storage.messages import StoredMessage, insert_messages, set_message_embeddings
 from memsvc.v1 import memory_pb2 as pb
-from tests.conftest import Caller
+from memsvc.v1 import memory_pb2_grpc
+from tests.conftest import Caller, _KeyedStub
 
 NOW = datetime.now(UTC)
 
@@ -136,3 +145,66 @@ async def seed_episode(
         )
         await versions.bump_version(conn, scope.tenant_id, scope.user_id)
     return SeededEpisode(episode_id, tuple(topic_ids))
+
+
+# -- more servers on the session's databases ----------------------------------------------
+
+# Test servers keep more back from each deadline than the default: the client, the servers
+# and the test share one event loop on a shared 2-core box.
+TEST_MARGIN_MS = 50
+
+
+class SlowEmbedder:
+    """The real embedder, answering only after ``delay_s`` (an overloaded model server)."""
+
+    def __init__(self, inner: Embedder, delay_s: float) -> None:
+        self._inner = inner
+        self._delay_s = delay_s
+
+    @property
+    def model_id(self) -> str:
+        return self._inner.model_id
+
+    @property
+    def dimension(self) -> int:
+        return self._inner.dimension
+
+    async def embed(
+        self, texts: Sequence[str], *, timeout_s: float | None = None
+    ) -> npt.NDArray[np.float32]:
+        await asyncio.sleep(self._delay_s)
+        return await self._inner.embed(texts, timeout_s=timeout_s)
+
+    async def aclose(self) -> None:
+        """The wrapped embedder belongs to the session."""
+
+
+StartServer = Callable[..., Awaitable[tuple[MemsvcServer, grpc.aio.Channel]]]
+
+
+@pytest.fixture
+async def start_server(settings: Settings, embedder: Embedder) -> AsyncIterator[StartServer]:
+    """Factory: another memsvc on the session's databases, with settings overridden (and,
+    with ``slow_embedder_s``, an embedder that is that slow). Stopped after the test."""
+    started: list[tuple[MemsvcServer, grpc.aio.Channel]] = []
+
+    async def start(
+        *, slow_embedder_s: float = 0.0, **overrides: Any
+    ) -> tuple[MemsvcServer, grpc.aio.Channel]:
+        used: Embedder = SlowEmbedder(embedder, slow_embedder_s) if slow_embedder_s else embedder
+        overrides.setdefault("deadline_margin_ms", TEST_MARGIN_MS)
+        srv = MemsvcServer(settings.with_overrides(**overrides), embedder=used, with_worker=False)
+        await srv.start()
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{srv.port}")
+        started.append((srv, channel))
+        return srv, channel
+
+    yield start
+    for srv, channel in started:
+        await channel.close()
+        await srv.stop(grace_s=1.0)
+
+
+def stub_for(channel: grpc.aio.Channel, caller: Caller) -> Any:
+    """A stub on another server's channel, sending the caller's key."""
+    return _KeyedStub(memory_pb2_grpc.MemoryServiceStub(channel), caller.key)

@@ -9,23 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable
 from typing import Any
 
 import asyncpg
 import grpc
-import numpy as np
-import numpy.typing as npt
 import pytest
 
-from memsvc.config import Settings
 from memsvc.debug_delay import MARKER
-from memsvc.embedding import Embedder
-from memsvc.server.app import MemsvcServer
 from memsvc.v1 import memory_pb2 as pb
-from memsvc.v1 import memory_pb2_grpc
-from tests.conftest import Caller, _KeyedStub
-from tests.read_helpers import pscope
+from tests.conftest import Caller
+from tests.read_helpers import StartServer, pscope, stub_for
+from tests.read_helpers import start_server as start_server  # fixture
 from tests.test_explicit_memory import remember
 
 FACT = pb.ITEM_TYPE_FACT
@@ -34,63 +29,6 @@ SLOW_S = 30  # far longer than any deadline here: if the reply came, the leg was
 # is asserted only generously. What is asserted strictly is the status (OK, never
 # DEADLINE_EXCEEDED) and what the answer says is missing.
 SLACK_S = 1.0
-MARGIN_MS = 50
-
-
-class SlowEmbedder:
-    """The real embedder, answering only after ``delay_s`` (an overloaded model server)."""
-
-    def __init__(self, inner: Embedder, delay_s: float) -> None:
-        self._inner = inner
-        self._delay_s = delay_s
-
-    @property
-    def model_id(self) -> str:
-        return self._inner.model_id
-
-    @property
-    def dimension(self) -> int:
-        return self._inner.dimension
-
-    async def embed(
-        self, texts: Sequence[str], *, timeout_s: float | None = None
-    ) -> npt.NDArray[np.float32]:
-        await asyncio.sleep(self._delay_s)
-        return await self._inner.embed(texts, timeout_s=timeout_s)
-
-    async def aclose(self) -> None:
-        """The wrapped embedder belongs to the session."""
-
-
-Start = Callable[..., Awaitable[Any]]
-
-
-@pytest.fixture
-async def start_server(
-    settings: Settings, embedder: Embedder
-) -> AsyncIterator[Callable[..., Awaitable[tuple[MemsvcServer, grpc.aio.Channel]]]]:
-    """Factory: another memsvc on the session's databases, with settings overridden."""
-    started: list[tuple[MemsvcServer, grpc.aio.Channel]] = []
-
-    async def start(
-        *, slow_embedder_s: float = 0.0, **overrides: Any
-    ) -> tuple[MemsvcServer, grpc.aio.Channel]:
-        used: Embedder = SlowEmbedder(embedder, slow_embedder_s) if slow_embedder_s else embedder
-        overrides.setdefault("deadline_margin_ms", MARGIN_MS)
-        srv = MemsvcServer(settings.with_overrides(**overrides), embedder=used, with_worker=False)
-        await srv.start()
-        channel = grpc.aio.insecure_channel(f"127.0.0.1:{srv.port}")
-        started.append((srv, channel))
-        return srv, channel
-
-    yield start
-    for srv, channel in started:
-        await channel.close()
-        await srv.stop(grace_s=1.0)
-
-
-def stub(channel: grpc.aio.Channel, caller: Caller) -> Any:
-    return _KeyedStub(memory_pb2_grpc.MemoryServiceStub(channel), caller.key)
 
 
 async def active_queries(pool: asyncpg.Pool, pattern: str) -> list[asyncpg.Record]:
@@ -137,14 +75,16 @@ async def timed(call: Awaitable[Any]) -> tuple[Any, float]:
 async def test_one_slow_leg_is_cancelled_and_the_other_answers(
     caller: Caller,
     pool: asyncpg.Pool,
-    start_server: Start,
+    start_server: StartServer,
     slowed: str,
     missing: list[str],
     survivor: str,
 ) -> None:
     query = await seeded(caller)
     _srv, channel = await start_server(debug_stage_delays_ms=((slowed, SLOW_S * 1000),))
-    call = stub(channel, caller).Recall(pb.RecallRequest(scope=pscope(), query=query), timeout=0.6)
+    call = stub_for(channel, caller).Recall(
+        pb.RecallRequest(scope=pscope(), query=query), timeout=0.6
+    )
     reply, elapsed = await timed(call)
     assert elapsed < 0.6 + SLACK_S
     assert reply.degraded and list(reply.missing_legs) == missing
@@ -155,14 +95,14 @@ async def test_one_slow_leg_is_cancelled_and_the_other_answers(
 
 
 async def test_both_legs_slow_is_ok_empty_and_degraded(
-    caller: Caller, pool: asyncpg.Pool, start_server: Start
+    caller: Caller, pool: asyncpg.Pool, start_server: StartServer
 ) -> None:
     query = await seeded(caller)
     _srv, channel = await start_server(
         debug_stage_delays_ms=(("dense", SLOW_S * 1000), ("lexical", SLOW_S * 1000))
     )
     reply, elapsed = await timed(
-        stub(channel, caller).Recall(pb.RecallRequest(scope=pscope(), query=query), timeout=0.4)
+        stub_for(channel, caller).Recall(pb.RecallRequest(scope=pscope(), query=query), timeout=0.4)
     )
     assert elapsed < 0.4 + SLACK_S
     assert reply.degraded and list(reply.items) == []
@@ -171,12 +111,12 @@ async def test_both_legs_slow_is_ok_empty_and_degraded(
 
 
 async def test_cancelled_leg_query_really_stops_on_the_server(
-    caller: Caller, pool: asyncpg.Pool, start_server: Start
+    caller: Caller, pool: asyncpg.Pool, start_server: StartServer
 ) -> None:
     query = await seeded(caller)
     _srv, channel = await start_server(debug_stage_delays_ms=(("dense", SLOW_S * 1000),))
     call = asyncio.ensure_future(
-        stub(channel, caller).Recall(pb.RecallRequest(scope=pscope(), query=query), timeout=1.5)
+        stub_for(channel, caller).Recall(pb.RecallRequest(scope=pscope(), query=query), timeout=1.5)
     )
     # While the call runs, the slowed leg's query is visible on the server...
     deadline = time.monotonic() + 1.0
@@ -214,12 +154,12 @@ async def test_legs_blocked_by_a_lock_are_cancelled(
 
 
 async def test_slow_embedder_makes_the_dense_leg_missing(
-    caller: Caller, start_server: Start
+    caller: Caller, start_server: StartServer
 ) -> None:
     await seeded(caller)
     _srv, channel = await start_server(slow_embedder_s=SLOW_S)
     reply, elapsed = await timed(
-        stub(channel, caller).Recall(
+        stub_for(channel, caller).Recall(
             pb.RecallRequest(scope=pscope(), query="sugar in my coffee"), timeout=0.5
         )
     )
@@ -228,32 +168,36 @@ async def test_slow_embedder_makes_the_dense_leg_missing(
     assert reply.items[0].text == "Takes no sugar in coffee" and reply.items[0].dense_rank == 0
     # A caller-supplied vector needs no embedder: nothing is missing.
     vector = [0.05] * 384
-    direct = await stub(channel, caller).Recall(
+    direct = await stub_for(channel, caller).Recall(
         pb.RecallRequest(scope=pscope(), query="coffee", query_vector=vector), timeout=0.5
     )
     assert not direct.degraded
 
 
-async def test_no_deadline_uses_the_configured_default(caller: Caller, start_server: Start) -> None:
+async def test_no_deadline_uses_the_configured_default(
+    caller: Caller, start_server: StartServer
+) -> None:
     query = await seeded(caller)
     _srv, channel = await start_server(
         debug_stage_delays_ms=(("dense", SLOW_S * 1000), ("lexical", SLOW_S * 1000)),
         recall_default_deadline_ms=300,
     )
     reply, elapsed = await timed(
-        stub(channel, caller).Recall(pb.RecallRequest(scope=pscope(), query=query), timeout=None)
+        stub_for(channel, caller).Recall(
+            pb.RecallRequest(scope=pscope(), query=query), timeout=None
+        )
     )
     assert reply.degraded and 0.25 < elapsed < 5.0
 
 
 async def test_overload_is_shed_with_resource_exhausted(
-    caller: Caller, start_server: Start
+    caller: Caller, start_server: StartServer
 ) -> None:
     query = await seeded(caller)
     _srv, channel = await start_server(
         debug_stage_delays_ms=(("dense", SLOW_S * 1000),), reads_max_in_flight=1
     )
-    s = stub(channel, caller)
+    s = stub_for(channel, caller)
     first = asyncio.ensure_future(
         s.Recall(pb.RecallRequest(scope=pscope(), query=query), timeout=1.0)
     )
@@ -267,14 +211,16 @@ async def test_overload_is_shed_with_resource_exhausted(
 # -- Prefetch -------------------------------------------------------------------------------
 
 
-async def test_prefetch_slow_walk_keeps_core_facts(caller: Caller, start_server: Start) -> None:
+async def test_prefetch_slow_walk_keeps_core_facts(
+    caller: Caller, start_server: StartServer
+) -> None:
     await remember(caller, "Vegetarian", role="core")
     await remember(caller, "Likes jazz")
     _srv, channel = await start_server(
         debug_stage_delays_ms=(("prefetch_relevant", SLOW_S * 1000),)
     )
     reply, elapsed = await timed(
-        stub(channel, caller).Prefetch(
+        stub_for(channel, caller).Prefetch(
             pb.PrefetchRequest(scope=pscope(), hint="music"), timeout=0.3
         )
     )
@@ -285,11 +231,11 @@ async def test_prefetch_slow_walk_keeps_core_facts(caller: Caller, start_server:
 
 
 async def test_prefetch_degraded_packets_are_not_cached(
-    caller: Caller, start_server: Start
+    caller: Caller, start_server: StartServer
 ) -> None:
     await remember(caller, "Vegetarian", role="core")
     _srv, slow = await start_server(debug_stage_delays_ms=(("prefetch_core", SLOW_S * 1000),))
-    reply = await stub(slow, caller).Prefetch(pb.PrefetchRequest(scope=pscope()), timeout=0.3)
+    reply = await stub_for(slow, caller).Prefetch(pb.PrefetchRequest(scope=pscope()), timeout=0.3)
     # The core leg is missing (the fact still shows among the recent ones).
     assert reply.degraded and reply.counts.core.total == 0
     # The shared server (no delays) must build a full packet, not serve the degraded one.
@@ -301,7 +247,7 @@ async def test_prefetch_degraded_packets_are_not_cached(
 
 
 async def test_prefetch_everything_slow_is_ok_and_empty(
-    caller: Caller, pool: asyncpg.Pool, start_server: Start
+    caller: Caller, pool: asyncpg.Pool, start_server: StartServer
 ) -> None:
     await remember(caller, "Vegetarian", role="core")
     _srv, channel = await start_server(
@@ -312,7 +258,7 @@ async def test_prefetch_everything_slow_is_ok_and_empty(
         prefetch_default_deadline_ms=250,
     )
     reply, elapsed = await timed(
-        stub(channel, caller).Prefetch(pb.PrefetchRequest(scope=pscope()), timeout=None)
+        stub_for(channel, caller).Prefetch(pb.PrefetchRequest(scope=pscope()), timeout=None)
     )
     assert 0.2 < elapsed < 5.0
     assert reply.degraded and reply.text == "" and list(reply.facts) == []
@@ -320,12 +266,12 @@ async def test_prefetch_everything_slow_is_ok_and_empty(
 
 
 async def test_prefetch_slow_embedder_falls_back_to_full_text(
-    caller: Caller, start_server: Start
+    caller: Caller, start_server: StartServer
 ) -> None:
     await remember(caller, "Plays the cello on Sundays")
     _srv, channel = await start_server(slow_embedder_s=SLOW_S)
     reply, elapsed = await timed(
-        stub(channel, caller).Prefetch(
+        stub_for(channel, caller).Prefetch(
             pb.PrefetchRequest(scope=pscope(), hint="cello lessons"), timeout=0.4
         )
     )
