@@ -143,6 +143,9 @@ class Settings:
     prefetch_topics: int = 8
     prefetch_episodes: int = 8
     prefetch_facts: int = 40
+    # Facts taken directly (best hint matches, or most recent without a hint) besides the
+    # walk's; few, because the section orders by role before relevance.
+    prefetch_direct_facts: int = 10
     # After a cache failure, skip Redis for this long (answers say BYPASSED).
     cache_retry_after_ms: int = 1_000
     # TEST ONLY, never read from the environment: a server-side pg_sleep run before the SQL
@@ -213,6 +216,7 @@ class Settings:
             "PREFETCH_TOPICS": "prefetch_topics",
             "PREFETCH_EPISODES": "prefetch_episodes",
             "PREFETCH_FACTS": "prefetch_facts",
+            "PREFETCH_DIRECT_FACTS": "prefetch_direct_facts",
             "CACHE_RETRY_AFTER_MS": "cache_retry_after_ms",
             "MAX_MESSAGES_PER_INGEST": "max_messages_per_ingest",
             "MAX_MESSAGE_CHARS": "max_message_chars",

@@ -209,14 +209,16 @@ async def walk_facts(
 
 
 async def recent_facts(
-    conn: asyncpg.Connection, scope: Scope, *, limit: int, timeout_s: float
+    conn: asyncpg.Connection, scope: Scope, *, core_role: str, limit: int, timeout_s: float
 ) -> list[MemoryRecord]:
-    """The most recently recorded or reinforced current facts."""
+    """The most recently recorded or reinforced current facts, but pinned and core ones
+    (they have their own section)."""
     rows = await conn.fetch(
         f"/* memsvc:prefetch:recent */ SELECT {COLUMNS} FROM memories"
-        f" WHERE {VISIBLE} AND {_CURRENT}"
-        " ORDER BY greatest(recorded_at, last_reinforced_at) DESC, memory_id LIMIT $5",
+        f" WHERE {VISIBLE} AND {_CURRENT} AND NOT pinned AND role <> $5"
+        " ORDER BY greatest(recorded_at, last_reinforced_at) DESC, memory_id LIMIT $6",
         *_args(scope),
+        core_role,
         limit,
         timeout=timeout_s,
     )

@@ -77,6 +77,7 @@ class PrefetchConfig:
     topics: int
     episodes: int
     facts: int
+    direct_facts: int
     exact_max_rows: int
     roles: tuple[str, ...]
     embed_timeout_s: float
@@ -92,6 +93,7 @@ class PrefetchConfig:
             topics=settings.prefetch_topics,
             episodes=settings.prefetch_episodes,
             facts=settings.prefetch_facts,
+            direct_facts=settings.prefetch_direct_facts,
             exact_max_rows=settings.dense_exact_max_rows,
             roles=settings.roles,
             embed_timeout_s=settings.embed_timeout_ms / 1000,
@@ -154,6 +156,8 @@ class PrefetchService:
         self._runner = runner
         self._config = config
         self._flights: SingleFlight[str, _Build] = SingleFlight()
+        #: Packets built from PostgreSQL so far (cache hits and joined flights build none).
+        self.builds = 0
 
     @asynccontextmanager
     async def _connection(self, budget: Budget) -> AsyncIterator[asyncpg.Connection]:
@@ -224,6 +228,7 @@ class PrefetchService:
     async def _build(
         self, query: PrefetchQuery, version: int, key: str, budget: Budget, *, use_cache: bool
     ) -> _Build:
+        self.builds += 1
         legs: dict[str, Coroutine[Any, Any, Any]] = {
             CORE_LEG: self._core_leg(query, budget),
             RELEVANT_LEG: self._relevant_leg(query, budget),
@@ -359,7 +364,11 @@ class PrefetchService:
         scope = query.scope
         if not query.hint:
             recent = await queries.recent_facts(
-                conn, scope, limit=cfg.facts, timeout_s=statement_timeout(budget)
+                conn,
+                scope,
+                core_role=cfg.roles[0],
+                limit=cfg.direct_facts,
+                timeout_s=statement_timeout(budget),
             )
             return [(r, assembly.decay(r.recorded_at, now, cfg.half_life_days)) for r in recent]
         legs: dict[str, list[Hit]] = {}
@@ -388,11 +397,14 @@ class PrefetchService:
         )
         fused = rrf({k: keep_visible(scope, v) for k, v in legs.items()}, k=cfg.rrf_k)
         top = max((f.fused_score for f in fused), default=0.0)
-        return [
+        # Pinned and core facts have their own section: the direct picks are the others.
+        matches = [
             (f.hit.memory, f.fused_score / top)
-            for f in fused[: cfg.facts]
-            if f.hit.memory is not None and top > 0
+            for f in fused
+            if f.hit.memory is not None
+            and not (f.hit.memory.pinned or f.hit.memory.role == cfg.roles[0])
         ]
+        return matches[: cfg.direct_facts]
 
     def _assemble(
         self,

@@ -1,0 +1,82 @@
+"""Prefetch when Redis is down or slow: built from PostgreSQL within the deadline, answered
+with cache: BYPASSED, never an error. Each test runs its own valkey and memsvc, so the
+session's shared ones are not disturbed."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+
+from memsvc.embedded import EmbeddedValkey
+from memsvc.v1 import memory_pb2 as pb
+from tests.conftest import Caller
+from tests.read_helpers import StartServer, pscope, stub_for
+from tests.read_helpers import start_server as start_server  # fixture
+from tests.test_explicit_memory import remember
+
+HIT, MISS, BYPASSED = pb.CACHE_STATUS_HIT, pb.CACHE_STATUS_MISS, pb.CACHE_STATUS_BYPASSED
+
+
+@pytest.fixture
+def valkey(tmp_path: Path) -> Iterator[EmbeddedValkey]:
+    server = EmbeddedValkey(tmp_path / "own-valkey", persist=False)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+async def test_redis_killed_mid_test(
+    caller: Caller, valkey: EmbeddedValkey, start_server: StartServer
+) -> None:
+    _srv, channel = await start_server(redis_url=valkey.url, cache_retry_after_ms=200)
+    own = stub_for(channel, caller)
+    request = pb.PrefetchRequest(scope=pscope(), session_id="s")
+    await remember(caller, "Prefers window seats")
+
+    first = await own.Prefetch(request, timeout=2)
+    assert first.cache == MISS and "window seats" in first.text
+    assert (await own.Prefetch(request, timeout=2)).cache == HIT
+
+    valkey.kill()
+    down = await own.Prefetch(request, timeout=1)
+    assert down.cache == BYPASSED and not down.degraded and down.text == first.text
+    # Writes still work (their invalidation is best effort) and show up at once.
+    await remember(caller, "Flies economy")
+    fresh = await own.Prefetch(request, timeout=1)
+    assert fresh.cache == BYPASSED and "Flies economy" in fresh.text
+
+    await asyncio.to_thread(valkey.start)  # same port, empty
+    deadline = time.monotonic() + 10
+    while (reply := await own.Prefetch(request, timeout=1)).cache == BYPASSED:
+        assert time.monotonic() < deadline, "the cache never came back"
+        await asyncio.sleep(0.1)  # the cache pauses 200 ms after a failure
+    assert reply.cache in (MISS, HIT)
+    assert (await own.Prefetch(request, timeout=1)).cache == HIT
+
+
+async def test_slow_redis_is_bypassed_within_the_deadline(
+    caller: Caller, valkey: EmbeddedValkey, start_server: StartServer
+) -> None:
+    _srv, channel = await start_server(redis_url=valkey.url, redis_timeout_ms=50)
+    own = stub_for(channel, caller)
+    request = pb.PrefetchRequest(scope=pscope(), hint="travel")
+    await remember(caller, "Prefers window seats")
+    assert (await own.Prefetch(request, timeout=2)).cache == MISS
+
+    admin = aioredis.Redis.from_url(valkey.url)
+    try:
+        await admin.execute_command("CLIENT", "PAUSE", 3000, "ALL")
+        started = time.monotonic()
+        slow = await own.Prefetch(request, timeout=0.5)
+        assert time.monotonic() - started < 0.5 + 1.0  # generous: a shared 2-core box
+        assert slow.cache == BYPASSED and "window seats" in slow.text
+    finally:
+        await admin.execute_command("CLIENT", "UNPAUSE")
+        await admin.aclose()
