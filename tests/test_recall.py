@@ -9,6 +9,7 @@ import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from memsvc.embedding import Embedder
+from memsvc.storage.messages import index_session_context
 from memsvc.v1 import memory_pb2 as pb
 from tests.conftest import Caller
 from tests.read_helpers import (
@@ -264,3 +265,21 @@ async def test_scope_filters_on_every_leg_and_kind(
         stranger, "blue submarine dawn", mode=mode, types=[FACT, EPISODE, MESSAGE]
     )
     assert len(theirs.items) == 3
+
+
+async def test_messages_match_through_their_session_context(
+    caller: Caller, pool: asyncpg.Pool, embedder: Embedder
+) -> None:
+    scope = dscope(caller)
+    ids = await seed_messages(
+        pool,
+        embedder,
+        scope,
+        ["Where should we go for dinner?", "The new ramen place!", "Sounds great", "Bye"],
+        session_id="c",
+    )
+    async with pool.acquire() as conn:
+        await index_session_context(conn, scope, "c", ids)
+    reply = await recall(caller, "dinner", types=[MESSAGE], mode=LEXICAL)
+    # The turn that says it ranks first; its neighbours match through their context.
+    assert [i.id for i in reply.items] == ["m0", "m1", "m2"]

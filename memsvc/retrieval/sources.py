@@ -149,7 +149,9 @@ MESSAGES = Source(
     current_sql=_NOT_EXPIRED,
     as_of_sql="sent_at <= {as_of}" + f" AND {_NOT_EXPIRED}",
     text_sql="text",
-    tsv_sql="search_tsv",
+    # The message with its neighbours and date (built by the workers, migration 0004); the
+    # message alone until they have indexed it.
+    tsv_sql="coalesce(context_tsv, search_tsv)",
     order_sql="session_id, message_id",
     to_hit=_message_hit,
 )
