@@ -299,20 +299,37 @@ async def server_with_worker(settings: Settings, embedder: Embedder) -> AsyncIte
         await srv.stop(grace_s=1)
 
 
-async def test_in_server_worker_wakes_on_notify(caller: Caller, server_with_worker) -> None:  # type: ignore[no-untyped-def]
-    # Let the worker's first sweep pass, so only notifications (and finished jobs freeing a
-    # slot) can wake it: the sweep is 300 s away. More jobs than the worker's concurrency.
-    await asyncio.sleep(0.5)
-    users = [f"user{i}" for i in range(5)]
-    replies = [await ingest(caller, [msg(u, "I'm from Accra.")], user=u) for u in users]
-    for _ in range(400):
+async def wait_all_done(caller: Caller, replies: list[pb.IngestResponse]) -> list[int]:
+    states: list[int] = []
+    for _ in range(300):
         states = [(await status(caller, r.ingest_id)).state for r in replies]
         if all(s == pb.INGEST_STATE_DONE for s in states):
             break
         await asyncio.sleep(0.05)
-    assert states == [pb.INGEST_STATE_DONE] * len(users)
+    return states
+
+
+async def test_in_server_worker_wakes_on_notify(caller: Caller, server_with_worker) -> None:  # type: ignore[no-untyped-def]
+    # Let the worker's first sweep pass: the next is 300 s away, so only notifications and
+    # finished jobs freeing a slot can wake it. More jobs than the worker's concurrency.
+    await asyncio.sleep(0.5)
+    users = [f"user{i}" for i in range(5)]
+    replies = [await ingest(caller, [msg(u, "I'm from Accra.")], user=u) for u in users]
+    assert await wait_all_done(caller, replies) == [pb.INGEST_STATE_DONE] * len(replies)
     for u in users:
         assert await contents(caller, u) == ["Is from Accra"]
+
+
+async def test_one_users_jobs_follow_each_other_at_once(caller: Caller, server_with_worker) -> None:  # type: ignore[no-untyped-def]
+    """A user's next job may start only once the previous one is done: finishing must wake
+    the claim loop after the final state is written, or the next job waits for the sweep."""
+    await asyncio.sleep(0.5)
+    replies = [
+        await ingest(caller, [msg("alice", f"I love sport {i}.")], session=f"s{i}")
+        for i in range(4)
+    ]
+    assert await wait_all_done(caller, replies) == [pb.INGEST_STATE_DONE] * len(replies)
+    assert len(await contents(caller)) == 4
 
 
 async def test_quota_skips_new_facts_but_never_reinforcements(caller: Caller, server) -> None:  # type: ignore[no-untyped-def]

@@ -98,6 +98,18 @@ class OutboxWorker:
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=5)
 
+    def _spawn_job(self, job: Job) -> None:
+        task: asyncio.Task[object] = asyncio.ensure_future(self._run(job))
+        self._jobs.add(task)
+
+        def finished(t: asyncio.Task[object]) -> None:
+            self._jobs.discard(t)
+            # The job's final state is written and its slot is free: claim the next due job
+            # now (possibly the same user's next one), not at the next sweep.
+            self._wake.set()
+
+        task.add_done_callback(finished)
+
     def _spawn(self, coro: Awaitable[object], into: set[asyncio.Task[object]]) -> None:
         task: asyncio.Task[object] = asyncio.ensure_future(coro)
         into.add(task)
@@ -211,7 +223,7 @@ class OutboxWorker:
             if not jobs:
                 return claimed
             for job in jobs:
-                self._spawn(self._run(job), self._jobs)
+                self._spawn_job(job)
             claimed += len(jobs)
             if user_id is not None:
                 # One user's jobs run oldest first, one at a time: wait before claiming more.
@@ -236,8 +248,6 @@ class OutboxWorker:
             return
         finally:
             metrics.JOB_SECONDS.observe(time.perf_counter() - started)
-            # A slot is free again: let the loop claim the next due job now, not at the sweep.
-            self._wake.set()
         await asyncio.shield(self._done(job, outcome))
 
     async def _done(self, job: Job, outcome: Outcome) -> None:
