@@ -29,7 +29,8 @@ from memsvc.workers.outbox_worker import OutboxWorker, WorkerSettings
 from memsvc.workers.reconcile import mark_stale, reconcile_once
 
 
-def embedder_from_settings(settings: Settings) -> Embedder:
+def embedder_from_settings(settings: Settings, *, background: bool = False) -> Embedder:
+    """The configured embedder; `background` ones (workers) run at a lower CPU priority."""
     return build_embedder(
         settings.embedder,
         intra_op_threads=settings.onnx_intra_op_threads,
@@ -38,6 +39,7 @@ def embedder_from_settings(settings: Settings) -> Embedder:
         api_key=settings.openai_api_key or None,
         dimension=settings.embedding_dim,
         timeout_s=settings.embed_timeout_ms / 1000,
+        background=background,
     )
 
 
@@ -82,6 +84,7 @@ class Runtime:
     recall: RecallService
     prefetch: PrefetchService
     pipeline: ExtractionPipeline
+    pipeline_embedder: Embedder
     worker: OutboxWorker | None
 
     def __init__(
@@ -147,7 +150,7 @@ class Runtime:
         self._build_read_path(settings)
         self.pipeline = ExtractionPipeline(
             self.pool,
-            self.embedder,
+            await self._background_embedder(settings),
             self.extractor,
             self.invalidator,
             pipeline_settings(settings),
@@ -159,7 +162,7 @@ class Runtime:
                 self.pipeline,
                 worker_settings(settings),
                 dsn=settings.pg_dsn,
-                periodic=lambda: reconcile_once(self.pool, self.embedder),
+                periodic=lambda: reconcile_once(self.pool, self.pipeline_embedder),
             )
             await worker.start()
             self._stack.push_async_callback(worker.stop, settings.shutdown_grace_s)
@@ -186,6 +189,17 @@ class Runtime:
             runner,
             PrefetchConfig.from_settings(settings),
         )
+
+    async def _background_embedder(self, settings: Settings) -> Embedder:
+        """Workers embed in batches: with the local model and a worker in this process they
+        get their own, lower-priority inference thread, so a Recall's query embedding never
+        queues behind an extraction batch."""
+        embedder = self.embedder
+        if self._with_worker and self._given_embedder is None and settings.embedder == "onnx":
+            embedder = await asyncio.to_thread(embedder_from_settings, settings, background=True)
+            self._stack.push_async_callback(embedder.aclose)
+        self.pipeline_embedder = embedder
+        return embedder
 
     async def close(self) -> None:
         await self._stack.aclose()

@@ -431,3 +431,26 @@ def test_factory_rejects_unknown_and_incomplete() -> None:
         build_embedder("fake")
     with pytest.raises(ValueError, match="dimension"):
         build_embedder("openai", base_url="http://127.0.0.1:1", model="m")
+
+
+async def test_background_embedder_runs_at_a_lower_priority() -> None:
+    import os
+    import threading
+
+    from memsvc.embedding.onnx_minilm import BACKGROUND_NICENESS, OnnxMiniLMEmbedder
+
+    def niceness() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    loop = asyncio.get_running_loop()
+    background = OnnxMiniLMEmbedder(background=True, warmup=False)
+    foreground = OnnxMiniLMEmbedder(warmup=False)
+    try:
+        base = os.getpriority(os.PRIO_PROCESS, 0)
+        assert await loop.run_in_executor(background._executor, niceness) == BACKGROUND_NICENESS
+        assert await loop.run_in_executor(foreground._executor, niceness) == base
+        vectors = await background.embed(["still embeds"])
+        assert vectors.shape == (1, 384)
+    finally:
+        await background.aclose()
+        await foreground.aclose()

@@ -15,6 +15,7 @@ def build_embedder(
     api_key: str | None = None,
     dimension: int | None = None,
     timeout_s: float = 10.0,
+    background: bool = False,
 ) -> Embedder:
     """Build an ``"onnx"`` (local, the default model) or ``"openai"`` (HTTP) embedder.
 
@@ -28,7 +29,9 @@ def build_embedder(
     if kind == "onnx":
         from memsvc.embedding.onnx_minilm import OnnxMiniLMEmbedder
 
-        return OnnxMiniLMEmbedder(intra_op_threads=intra_op_threads, max_workers=max_workers)
+        return OnnxMiniLMEmbedder(
+            intra_op_threads=intra_op_threads, max_workers=max_workers, background=background
+        )
     if kind == "openai":
         from memsvc.embedding.openai_http import OpenAIHTTPEmbedder
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -31,6 +34,17 @@ MAX_TOKENS = 256
 _ORT_ERRORS = (EPFail, Fail, InvalidArgument, RuntimeException)
 
 
+# Niceness of background embedding threads (extraction, reconcile): on a small machine the
+# kernel then gives the cores to query embeddings and the database first.
+BACKGROUND_NICENESS = 10
+
+
+def _lower_thread_priority() -> None:
+    """Runs in each background executor thread: Linux schedules threads individually."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICENESS)
+
+
 class OnnxMiniLMEmbedder:
     """Local all-MiniLM-L6-v2 embeddings, computed exactly as sentence-transformers does.
 
@@ -55,6 +69,7 @@ class OnnxMiniLMEmbedder:
         model_path: str | Path | None = None,
         tokenizer_path: str | Path | None = None,
         warmup: bool = True,
+        background: bool = False,
     ) -> None:
         if intra_op_threads < 1:
             raise ValueError(f"intra_op_threads must be >= 1, got {intra_op_threads}")
@@ -72,7 +87,9 @@ class OnnxMiniLMEmbedder:
             intra_op_threads,
         )
         self._executor = ThreadPoolExecutor(
-            max_workers=max_workers, thread_name_prefix="memsvc-embed"
+            max_workers=max_workers,
+            thread_name_prefix="memsvc-embed-bg" if background else "memsvc-embed",
+            initializer=_lower_thread_priority if background else None,
         )
         self._in_flight: set[ort.RunOptions] = set()
         self._closed = False
