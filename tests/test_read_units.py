@@ -14,6 +14,7 @@ import pytest
 from memsvc.admission import InFlightLimit
 from memsvc.cache.single_flight import SingleFlight
 from memsvc.config import ConfigError, Settings
+from memsvc.embedding.base import EmbeddingTimeout
 from memsvc.errors import ResourceExhausted
 from memsvc.fanout import LegRunner
 from memsvc.memories.model import MemoryRecord, Scope, Sharing
@@ -32,7 +33,7 @@ from memsvc.prefetch.model import (
     TopicRow,
 )
 from memsvc.retrieval import route
-from memsvc.retrieval.embed_cache import EmbeddingLRU
+from memsvc.retrieval.embed_cache import EmbeddingLRU, QueryEmbedder
 from memsvc.retrieval.fusion import rrf
 from memsvc.retrieval.lexical import cjk_patterns
 from memsvc.retrieval.query import Hit, ItemKind
@@ -390,11 +391,12 @@ def test_packet_codec_round_trip() -> None:
         version=42,
         built_at=NOW,
     )
-    assert codec.decode(codec.encode(built)) == built
+    wire = codec.decode(codec.encode(built))
+    assert wire == codec.to_proto(built)
+    assert wire.text == "text" and wire.version == 42 and wire.facts[0].content == "a"
+    assert wire.episodes[0].title == "chat" and wire.counts.core.total == 2
     with pytest.raises(codec.CodecError):
-        codec.decode(b'{"format": 99}')
-    with pytest.raises(codec.CodecError):
-        codec.decode(b"not json")
+        codec.decode(b"\xff\xff not a message")
 
 
 def test_prefetch_shape_ignores_the_session() -> None:
@@ -517,3 +519,38 @@ def test_read_settings_from_env_and_validation() -> None:
         Settings.from_env({"MEMSVC_RRF_K": "0"})
     with pytest.raises(ConfigError, match="PACKET_DEFAULT_CHARS"):
         Settings.from_env({"MEMSVC_PACKET_DEFAULT_CHARS": "10"})
+
+
+class _SerialSlowEmbedder:
+    """One embedding at a time, each taking ``seconds`` (like the one-thread ONNX model)."""
+
+    model_id = "fake"
+    dimension = 4
+
+    def __init__(self, seconds: float) -> None:
+        self._seconds = seconds
+        self._lock = asyncio.Lock()
+
+    async def embed(self, texts: list[str], *, timeout_s: float | None = None) -> np.ndarray:
+        async with self._lock:
+            await asyncio.sleep(self._seconds)
+            return np.ones((len(texts), 4), dtype=np.float32)
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_query_embedder_refuses_what_the_queue_cannot_serve_in_time() -> None:
+    embedder = QueryEmbedder(_SerialSlowEmbedder(0.05), EmbeddingLRU(10))  # type: ignore[arg-type]
+    await embedder.embed("first", timeout_s=1)  # one sample: about 50 ms per embedding
+    assert 0.04 < embedder.expected_wait_s() < 0.5
+    queued = [asyncio.create_task(embedder.embed(f"q{i}", timeout_s=5)) for i in range(4)]
+    await asyncio.sleep(0)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(EmbeddingTimeout, match="queue"):
+        await embedder.embed("late", timeout_s=0.1)  # 5 x 50 ms ahead: refused at once
+    assert loop.time() - started < 0.05 and embedder.refused == 1
+    await asyncio.gather(*queued)
+    assert (await embedder.embed("first", timeout_s=0.0)) is not None  # cached: no wait
+    assert len(await embedder.embed("fresh", timeout_s=1)) == 4

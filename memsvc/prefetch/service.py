@@ -57,6 +57,7 @@ from memsvc.retrieval.query import Hit, ItemKind
 from memsvc.retrieval.scope_filter import keep_visible, memory_visible
 from memsvc.retrieval.sources import statement_timeout
 from memsvc.storage import versions
+from memsvc.v1 import memory_pb2 as pb
 
 log = logging.getLogger(__name__)
 
@@ -113,8 +114,11 @@ class PrefetchTimings:
 
 @dataclass(frozen=True)
 class PrefetchResult:
+    """``text`` is the full packet text (header included); ``wire`` is the packet in its
+    contract form with the body as its text, this call's own copy (from the cache on a hit)."""
+
     text: str
-    packet: Packet
+    wire: pb.PrefetchResponse
     cache: CacheStatus
     timings: PrefetchTimings
 
@@ -179,9 +183,9 @@ class PrefetchService:
                     "every database connection is busy; retry shortly"
                 ) from None
             # Out of time before anything could be read: nothing to say, never an error.
-            empty = _empty(0, degraded=True)
             timings.total_ms = (time.perf_counter() - started) * 1000
-            return PrefetchResult("", empty, CacheStatus.BYPASSED, timings)
+            nothing = codec.to_proto(_empty(0, degraded=True))
+            return PrefetchResult("", nothing, CacheStatus.BYPASSED, timings)
         key = packet_key(scope.tenant_id, scope.user_id, version, query.shape())
 
         status = CacheStatus.MISS
@@ -191,15 +195,15 @@ class PrefetchService:
         except CacheUnavailable:
             raw, status = None, CacheStatus.BYPASSED
         timings.cache_ms = (time.perf_counter() - cache_started) * 1000
-        built: Packet | None = None
+        wire: pb.PrefetchResponse | None = None
         if raw is not None:
             try:
-                built = codec.decode(raw)
+                wire = codec.decode(raw)
                 status = CacheStatus.HIT
             except codec.CodecError as exc:
                 log.warning("ignoring a cached packet: %s", exc)
 
-        if built is None:
+        if wire is None:
             use_cache = status is not CacheStatus.BYPASSED
             build_started = time.perf_counter()
             try:
@@ -217,13 +221,14 @@ class PrefetchService:
                 # Joined someone else's build and it outlasted this call's budget.
                 built = _empty(version, degraded=True)
             timings.build_ms = (time.perf_counter() - build_started) * 1000
+            wire = codec.to_proto(built)
 
         text = ""
-        if built.body:
-            text = f"{packet.header(query.session_id)}\n\n{built.body}"
+        if wire.text:
+            text = f"{packet.header(query.session_id)}\n\n{wire.text}"
         timings.total_ms = (time.perf_counter() - started) * 1000
         _observe(timings, status)
-        return PrefetchResult(text=text, packet=built, cache=status, timings=timings)
+        return PrefetchResult(text=text, wire=wire, cache=status, timings=timings)
 
     async def _build(
         self, query: PrefetchQuery, version: int, key: str, budget: Budget, *, use_cache: bool

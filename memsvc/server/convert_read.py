@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from memsvc.cache.packets import CacheStatus
-from memsvc.prefetch.model import CORE, EPISODES, PERSONA, RELEVANT, EpisodeRecord
 from memsvc.prefetch.service import PrefetchResult
 from memsvc.retrieval.query import ItemKind
 from memsvc.retrieval.recall import DENSE, LEXICAL, RecallResult
@@ -65,48 +64,14 @@ def recall_response(result: RecallResult) -> pb.RecallResponse:
     )
 
 
-def episode(record: EpisodeRecord) -> pb.Episode:
-    return pb.Episode(
-        episode_id=str(record.episode_id),
-        scope=pb.Scope(
-            user_id=record.scope.user_id,
-            persona_id=record.scope.persona_id,
-            agent_id=record.scope.agent_id,
-        ),
-        session_id=record.session_id,
-        title=record.title,
-        summary=record.summary,
-        excerpt=record.excerpt,
-        source_message_ids=list(record.source_message_ids),
-        started_at=timestamp(record.started_at),
-        ended_at=timestamp(record.ended_at),
-    )
-
-
 def prefetch_response(result: PrefetchResult) -> pb.PrefetchResponse:
-    built = result.packet
-    counts = built.counts
-
-    def count(name: str) -> pb.SectionCount:
-        c = counts.get(name)
-        return pb.SectionCount(shown=c.shown, total=c.total) if c else pb.SectionCount()
-
+    response = result.wire
+    response.text = result.text
+    response.cache = _CACHE[result.cache]
     t = result.timings
-    return pb.PrefetchResponse(
-        text=result.text,
-        facts=[memory(r) for r in built.facts],
-        episodes=[episode(e) for e in built.episodes],
-        counts=pb.PacketCounts(
-            persona=count(PERSONA),
-            core=count(CORE),
-            relevant=count(RELEVANT),
-            episodes=count(EPISODES),
-        ),
-        version=built.version,
-        cache=_CACHE[result.cache],
-        degraded=built.degraded,
-        withheld=list(built.withheld),
-        timings=pb.StageTimings(
+    response.timings.CopyFrom(
+        pb.StageTimings(
             embed_ms=t.embed_ms, cache_ms=t.cache_ms, build_ms=t.build_ms, total_ms=t.total_ms
-        ),
+        )
     )
+    return response
