@@ -33,8 +33,10 @@ proto: install
 	PATH=$(BIN):$$PATH $(BIN)/python -m grpc_tools.protoc -I protos --python_out=. --grpc_python_out=. \
 		--mypy_out=. --mypy_grpc_out=. $(PROTO_SRC)
 
+## Remember, then Recall and Prefetch (bench/recall.py seeds 100,000 memories; RECALL_ARGS to change).
 bench: install
 	$(BIN)/python -m bench.remember $(BENCH_ARGS)
+	$(BIN)/python -m bench.recall $(RECALL_ARGS)
 
 image:
 	docker build -t memsvc:dev .
