@@ -238,6 +238,15 @@ class ExtractionPipeline:
 
         async with self._pool.acquire() as conn, conn.transaction():
             await store.lock_user(conn, scope.tenant_id, scope.user_id)
+            if not await store.sources_remain(
+                conn,
+                job.scope,
+                job.ingest_id,
+                job.session_id,
+                [t.message_id for t in speaker.turns],
+            ):
+                # Erased while we were extracting: write nothing back.
+                return Outcome()
             if not await store.claim_run(conn, scope, job.ingest_id, job.session_id):
                 # Another worker committed this speaker meanwhile (a lease takeover race).
                 done = await store.run_outcome(conn, scope, job.ingest_id)

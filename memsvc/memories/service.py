@@ -142,12 +142,14 @@ class MemoryService:
         all_in_scope: bool = False,
         erase_user: bool = False,
     ) -> int:
-        """Hard-delete memories with every version and derived row; returns rows deleted."""
+        """Hard-delete memories with every version and everything derived from them (source
+        messages, episode and topic text, pending work for a scope or user); returns memory
+        rows deleted."""
         async with self._connection(budget) as conn, conn.transaction():
             if erase_user:
                 deleted = await erasure.erase_user(conn, scope.tenant_id, scope.user_id)
             elif all_in_scope:
-                deleted = await store.delete_scope(conn, scope)
+                deleted = await erasure.erase_scope(conn, scope)
             else:
                 found = await store.visible_lineages(conn, scope, memory_ids)
                 missing = [str(m) for m in memory_ids if m not in found]
@@ -157,7 +159,7 @@ class MemoryService:
                         + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
                         + "; nothing was deleted"
                     )
-                deleted = await store.delete_lineages(conn, scope, list(set(found.values())))
+                deleted = await erasure.erase_memories(conn, scope, list(set(found.values())))
             if not erase_user:
                 await versions.bump_version(conn, scope.tenant_id, scope.user_id)
         await self._invalidator.drop_user(scope.tenant_id, scope.user_id)

@@ -1,11 +1,26 @@
-"""Erasure of everything stored about one user of one tenant, in every table."""
+"""Erasure that reaches every derived copy: memories with their chains, the messages they came
+from, episode and topic text derived from them, pending work — for one memory, a scope or a user.
+
+Every function runs inside the caller's transaction and first takes the user's extraction lock
+(the one the workers hold while committing a speaker), so a job in flight can never write back
+what an erasure just removed: it either committed before (and is erased now) or finds its
+source messages gone and writes nothing.
+"""
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Sequence
+
 import asyncpg
 
-# Children before parents is not needed (foreign keys cascade), but listing every table
-# keyed by user makes "nothing left anywhere" a property a test can check table by table.
+from memsvc.extraction.rules import TOPIC_OF_PREDICATE
+from memsvc.memories.model import Scope
+from memsvc.storage import messages
+from memsvc.storage.extraction import lock_user
+
+# Every table with rows about a user (keyed by tenant_id, user_id). Listing them makes
+# "nothing left anywhere" a property a test can check table by table.
 USER_TABLES = (
     "episode_memories",
     "topic_episodes",
@@ -14,18 +29,158 @@ USER_TABLES = (
     "topics",
     "messages",
     "ingest_outbox",
+    "extraction_runs",
     "quota_counters",
     "scope_versions",
 )
+# Tables whose rows belong to one exact scope (tenant, user, persona, agent).
+SCOPED_TABLES = ("memories", "episodes", "topics", "messages", "ingest_outbox", "extraction_runs")
+
+_EXACT = "tenant_id = $1 AND user_id = $2 AND persona_id = $3 AND agent_id = $4"
+
+
+def _count(status: str) -> int:
+    return int(status.split()[-1])
 
 
 async def erase_user(conn: asyncpg.Connection, tenant_id: str, user_id: str) -> int:
-    """Delete every row about the user; returns how many memory rows went. Call in a transaction."""
+    """Everything about the user in this tenant, across personas and agents, including what
+    they said in other people's sessions. Returns how many memory rows went."""
+    await lock_user(conn, tenant_id, user_id)
     deleted_memories = 0
     for table in USER_TABLES:
         status: str = await conn.execute(
             f"DELETE FROM {table} WHERE tenant_id = $1 AND user_id = $2", tenant_id, user_id
         )
         if table == "memories":
-            deleted_memories = int(status.split()[-1])
+            deleted_memories = _count(status)
+    # Their turns in sessions owned by others (meetings): data about them too, and the
+    # context index of the turns around them.
+    touched = await messages.delete_returning_sessions(
+        conn, "tenant_id = $1 AND sender_id = $2", tenant_id, user_id
+    )
+    await messages.reindex_sessions(conn, touched)
     return deleted_memories
+
+
+async def erase_scope(conn: asyncpg.Connection, scope: Scope) -> int:
+    """Everything stored in exactly this scope (memories, episodes, topics, messages, pending
+    work); other personas and agents of the user are untouched. Returns memory rows deleted."""
+    await lock_user(conn, scope.tenant_id, scope.user_id)
+    args = (scope.tenant_id, scope.user_id, scope.persona_id, scope.agent_id)
+    deleted_memories = 0
+    for table in SCOPED_TABLES:
+        status: str = await conn.execute(f"DELETE FROM {table} WHERE {_EXACT}", *args)
+        if table == "memories":
+            deleted_memories = _count(status)
+    return deleted_memories
+
+
+async def erase_memories(
+    conn: asyncpg.Connection, scope: Scope, lineage_ids: Sequence[uuid.UUID]
+) -> int:
+    """Every version of the given memories and what was derived from them: their source
+    messages, the episodes' text (an episode with no other fact goes entirely, another is
+    rewritten from its remaining facts and re-embedded), and topics left without episodes.
+    Returns memory rows deleted."""
+    tenant, user = scope.tenant_id, scope.user_id
+    await lock_user(conn, tenant, user)
+    rows = await conn.fetch(
+        "SELECT memory_id, session_id, source_message_ids FROM memories"
+        " WHERE tenant_id = $1 AND user_id = $2 AND lineage_id = ANY($3::uuid[])",
+        tenant,
+        user,
+        list(lineage_ids),
+    )
+    memory_ids = [r["memory_id"] for r in rows]
+    episodes = [
+        r["episode_id"]
+        for r in await conn.fetch(
+            "SELECT DISTINCT episode_id FROM episode_memories"
+            " WHERE tenant_id = $1 AND user_id = $2 AND memory_id = ANY($3::uuid[])",
+            tenant,
+            user,
+            memory_ids,
+        )
+    ]
+    deleted = _count(
+        await conn.execute(
+            "DELETE FROM memories WHERE tenant_id = $1 AND user_id = $2"
+            " AND memory_id = ANY($3::uuid[])",
+            tenant,
+            user,
+            memory_ids,
+        )
+    )
+    # The conversation lines the memories were taken from (any owner's session, this tenant),
+    # and the context index of the lines around them.
+    touched: list[tuple[Scope, str]] = []
+    for r in rows:
+        if r["session_id"] and r["source_message_ids"]:
+            touched += await messages.delete_returning_sessions(
+                conn,
+                "tenant_id = $1 AND session_id = $2 AND message_id = ANY($3::text[])",
+                tenant,
+                r["session_id"],
+                list(r["source_message_ids"]),
+            )
+    await messages.reindex_sessions(conn, touched)
+    await _rewrite_episodes(conn, tenant, user, episodes)
+    await conn.execute(
+        "DELETE FROM topics t WHERE t.tenant_id = $1 AND t.user_id = $2 AND NOT EXISTS ("
+        " SELECT 1 FROM topic_episodes e WHERE e.tenant_id = t.tenant_id"
+        " AND e.user_id = t.user_id AND e.topic_id = t.topic_id)",
+        tenant,
+        user,
+    )
+    return deleted
+
+
+async def _rewrite_episodes(
+    conn: asyncpg.Connection, tenant: str, user: str, episode_ids: Sequence[uuid.UUID]
+) -> None:
+    """Episodes that summarised an erased fact: gone when it was their only fact, otherwise
+    rebuilt from the facts that remain (free text that may quote the erased fact — summary,
+    excerpt, a model's title — is not kept) with the old vector dropped for re-embedding."""
+    for episode_id in episode_ids:
+        remaining = await conn.fetch(
+            "SELECT m.content, m.predicate FROM episode_memories em JOIN memories m"
+            " ON m.tenant_id = em.tenant_id AND m.user_id = em.user_id"
+            " AND m.memory_id = em.memory_id"
+            " WHERE em.tenant_id = $1 AND em.user_id = $2 AND em.episode_id = $3"
+            " ORDER BY m.recorded_at, m.memory_id",
+            tenant,
+            user,
+            episode_id,
+        )
+        if not remaining:
+            await conn.execute(
+                "DELETE FROM episodes WHERE tenant_id = $1 AND user_id = $2 AND episode_id = $3",
+                tenant,
+                user,
+                episode_id,
+            )
+            continue
+        await conn.execute(
+            "UPDATE episodes SET title = 'Conversation of ' || to_char(ended_at, 'FMDD Mon YYYY'),"
+            " summary = $4, excerpt = '', embedding = NULL, embedding_state = 'missing'"
+            " WHERE tenant_id = $1 AND user_id = $2 AND episode_id = $3",
+            tenant,
+            user,
+            episode_id,
+            "Said: " + "; ".join(r["content"] for r in remaining),
+        )
+        # Topics the erased facts alone fed. Known only when every remaining fact's predicate
+        # maps to a topic (the rules extractor's); otherwise every topic edge is kept.
+        kept = {TOPIC_OF_PREDICATE.get(r["predicate"]) for r in remaining}
+        if None not in kept:
+            await conn.execute(
+                "DELETE FROM topic_episodes te USING topics t"
+                " WHERE te.tenant_id = $1 AND te.user_id = $2 AND te.episode_id = $3"
+                " AND t.tenant_id = te.tenant_id AND t.user_id = te.user_id"
+                " AND t.topic_id = te.topic_id AND NOT (t.name = ANY($4::text[]))",
+                tenant,
+                user,
+                episode_id,
+                sorted(k for k in kept if k is not None),
+            )

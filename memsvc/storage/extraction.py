@@ -280,3 +280,29 @@ async def link(
             *args,
             list(dict.fromkeys(memory_ids)),
         )
+
+
+async def sources_remain(
+    conn: asyncpg.Connection,
+    owner: Scope,
+    ingest_id: uuid.UUID,
+    session_id: str,
+    message_ids: Sequence[str],
+) -> bool:
+    """Whether the job and every message a speaker's facts would come from still exist.
+
+    Checked under the user's lock: False means an erasure ran since the job read them, and
+    the job must write nothing for that speaker.
+    """
+    alive = await conn.fetchval(
+        "SELECT (SELECT count(*) FROM ingest_outbox WHERE tenant_id = $1 AND user_id = $2"
+        "         AND ingest_id = $3) = 1"
+        " AND (SELECT count(*) FROM messages WHERE tenant_id = $1 AND session_id = $4"
+        "      AND message_id = ANY($5::text[])) = cardinality($5::text[])",
+        owner.tenant_id,
+        owner.user_id,
+        ingest_id,
+        session_id,
+        list(message_ids),
+    )
+    return bool(alive)

@@ -234,27 +234,3 @@ async def visible_lineages(
         list(memory_ids),
     )
     return {r["memory_id"]: r["lineage_id"] for r in rows}
-
-
-async def delete_lineages(
-    conn: asyncpg.Connection, scope: Scope, lineage_ids: Sequence[uuid.UUID]
-) -> int:
-    """Hard-delete every version of the given memories (derived rows cascade)."""
-    result: str = await conn.execute(
-        "DELETE FROM memories WHERE tenant_id = $1 AND user_id = $2"
-        " AND lineage_id = ANY($3::uuid[])",
-        scope.tenant_id,
-        scope.user_id,
-        list(lineage_ids),
-    )
-    return int(result.split()[-1])
-
-
-async def delete_scope(conn: asyncpg.Connection, scope: Scope) -> int:
-    """Hard-delete every memory written in exactly this scope, all versions."""
-    result: str = await conn.execute(
-        "DELETE FROM memories WHERE tenant_id = $1 AND user_id = $2"
-        " AND persona_id = $3 AND agent_id = $4",
-        *_scope_args(scope),
-    )
-    return int(result.split()[-1])

@@ -140,3 +140,38 @@ async def index_session_context(
         list(message_ids),
     )
     return int(result.split()[-1])
+
+
+async def reindex_sessions(conn: asyncpg.Connection, sessions: Sequence[tuple[Scope, str]]) -> None:
+    """Rebuild the context index of whole sessions, after some of their messages were erased
+    (their neighbours' context still held the erased words)."""
+    for scope, session_id in dict.fromkeys(sessions):
+        ids = [
+            r["message_id"]
+            for r in await conn.fetch(
+                "SELECT message_id FROM messages WHERE tenant_id = $1 AND user_id = $2"
+                " AND persona_id = $3 AND agent_id = $4 AND session_id = $5",
+                scope.tenant_id,
+                scope.user_id,
+                scope.persona_id,
+                scope.agent_id,
+                session_id,
+            )
+        ]
+        if ids:
+            await index_session_context(conn, scope, session_id, ids)
+
+
+async def delete_returning_sessions(
+    conn: asyncpg.Connection, where_sql: str, *args: object
+) -> list[tuple[Scope, str]]:
+    """DELETE messages matching `where_sql`; the (owner scope, session) of every row deleted."""
+    rows = await conn.fetch(
+        f"DELETE FROM messages WHERE {where_sql}"
+        " RETURNING tenant_id, user_id, persona_id, agent_id, session_id",
+        *args,
+    )
+    return [
+        (Scope(r["tenant_id"], r["user_id"], r["persona_id"], r["agent_id"]), r["session_id"])
+        for r in rows
+    ]
