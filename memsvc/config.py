@@ -47,6 +47,16 @@ def _parse_float(name: str, raw: str) -> float:
     return value
 
 
+def _parse_port(name: str, raw: str) -> int | None:
+    """A TCP port; 0 picks a free one; "off" disables the listener."""
+    if raw.strip().lower() == "off":
+        return None
+    port = _parse_int(name, raw)
+    if port > 65535:
+        raise ConfigError(f"{name}: a port is at most 65535, got {port}")
+    return port
+
+
 def _parse_csv(raw: str) -> tuple[str, ...]:
     return tuple(part.strip().lower() for part in raw.split(",") if part.strip())
 
@@ -153,6 +163,29 @@ class Settings:
     # can slow a leg for real. Empty in every real configuration.
     debug_stage_delays_ms: tuple[tuple[str, int], ...] = ()
 
+    # Observability: Prometheus text on http://metrics_host:metrics_port/metrics (None: off;
+    # 0: any free port, read back from the server), and the log line format (text or json).
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = 9464
+    log_format: str = "text"
+
+    # Transport security. Certificate paths are read at start; plaintext on an address that is
+    # not loopback is refused unless allow_plaintext (TLS terminated in front of memsvc).
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    tls_client_ca_file: Path | None = None
+    tls_require_client_cert: bool = False
+    allow_plaintext: bool = False
+
+    # Per-tenant admission after authentication, so one tenant cannot starve another: a token
+    # bucket (rate 0: off; burst 0: one second's worth) and a cap on calls in flight (0: off).
+    tenant_rate_per_s: float = 0.0
+    tenant_burst: int = 0
+    tenant_max_in_flight: int = 0
+    # Largest serialized request answered INVALID_ARGUMENT with its size; gRPC itself drops
+    # anything over twice this before memsvc reads it (RESOURCE_EXHAUSTED).
+    max_request_bytes: int = 4 * 1024 * 1024
+
     # Used when a write RPC arrives without a deadline: writes are bounded too.
     default_write_deadline_ms: int = 5_000
     # Kept back from a call's deadline to serialize and send the answer.
@@ -186,6 +219,8 @@ class Settings:
             "OPENAI_CHAT_MODEL": "openai_chat_model",
             "OPENAI_CHAT_API_KEY": "openai_chat_api_key",
             "USER_ID_PATTERN": "user_id_pattern",
+            "METRICS_HOST": "metrics_host",
+            "LOG_FORMAT": "log_format",
         }
         for env_name, attr in str_fields.items():
             raw = get(env_name)
@@ -225,6 +260,9 @@ class Settings:
             "DAILY_FACT_QUOTA": "daily_fact_quota",
             "WORKER_CONCURRENCY": "worker_concurrency",
             "WORKER_MAX_ATTEMPTS": "worker_max_attempts",
+            "TENANT_BURST": "tenant_burst",
+            "TENANT_MAX_IN_FLIGHT": "tenant_max_in_flight",
+            "MAX_REQUEST_BYTES": "max_request_bytes",
         }
         for env_name, attr in int_fields.items():
             raw = get(env_name)
@@ -240,6 +278,7 @@ class Settings:
             "WORKER_SWEEP_INTERVAL_S": "worker_sweep_interval_s",
             "RECONCILE_INTERVAL_S": "reconcile_interval_s",
             "HALF_LIFE_DAYS": "half_life_days",
+            "TENANT_RATE_PER_S": "tenant_rate_per_s",
         }
         for env_name, attr in float_fields.items():
             raw = get(env_name)
@@ -249,6 +288,21 @@ class Settings:
             values["run_workers"] = parse_bool("MEMSVC_RUN_WORKERS", raw)
         if (raw := get("AUTH_ENABLED")) is not None:
             values["auth_enabled"] = parse_bool("MEMSVC_AUTH_ENABLED", raw)
+        for env_name, attr in (
+            ("TLS_CERT_FILE", "tls_cert_file"),
+            ("TLS_KEY_FILE", "tls_key_file"),
+            ("TLS_CLIENT_CA_FILE", "tls_client_ca_file"),
+        ):
+            if (raw := get(env_name)) is not None:
+                values[attr] = Path(raw)
+        for env_name, attr in (
+            ("TLS_REQUIRE_CLIENT_CERT", "tls_require_client_cert"),
+            ("ALLOW_PLAINTEXT", "allow_plaintext"),
+        ):
+            if (raw := get(env_name)) is not None:
+                values[attr] = parse_bool(f"MEMSVC_{env_name}", raw)
+        if (raw := get("METRICS_PORT")) is not None:
+            values["metrics_port"] = _parse_port("MEMSVC_METRICS_PORT", raw)
         if (raw := get("DATA_DIR")) is not None:
             values["data_dir"] = Path(raw)
         if (raw := get("SHUTDOWN_GRACE_S")) is not None:
@@ -292,6 +346,24 @@ class Settings:
                 f"MEMSVC_PACKET_DEFAULT_CHARS must be within {self.packet_min_chars}.."
                 f"{self.packet_max_chars}"
             )
+        if self.log_format not in ("text", "json"):
+            raise ConfigError(f"MEMSVC_LOG_FORMAT: expected text or json, got {self.log_format!r}")
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ConfigError("MEMSVC_TLS_CERT_FILE and MEMSVC_TLS_KEY_FILE go together")
+        if self.tls_require_client_cert and self.tls_client_ca_file is None:
+            raise ConfigError(
+                "MEMSVC_TLS_REQUIRE_CLIENT_CERT needs MEMSVC_TLS_CLIENT_CA_FILE to verify them"
+            )
+        if self.tls_client_ca_file is not None and not self.tls_require_client_cert:
+            # gRPC either requires and verifies client certificates or asks for none: a CA
+            # alone would silently verify nobody.
+            raise ConfigError(
+                "MEMSVC_TLS_CLIENT_CA_FILE is used only with MEMSVC_TLS_REQUIRE_CLIENT_CERT=true"
+            )
+        if self.tls_client_ca_file is not None and self.tls_cert_file is None:
+            raise ConfigError("client certificates need TLS: set MEMSVC_TLS_CERT_FILE / _KEY_FILE")
+        if self.max_request_bytes < 1024:
+            raise ConfigError("MEMSVC_MAX_REQUEST_BYTES must be at least 1024")
         for name in ("recall_default_deadline_ms", "prefetch_default_deadline_ms"):
             if getattr(self, name) <= self.deadline_margin_ms:
                 raise ConfigError(f"MEMSVC_{name.upper()} must exceed MEMSVC_DEADLINE_MARGIN_MS")
