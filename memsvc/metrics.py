@@ -1,4 +1,9 @@
-"""Prometheus metrics, defined once per process (the default registry)."""
+"""Prometheus metrics, defined once per process (the default registry).
+
+Labels carry names from closed sets (RPC methods, status codes, legs, stages, models) and
+never a tenant, user or any request text: cardinality stays bounded and nothing private is
+exported. README "Observability" lists them.
+"""
 
 from __future__ import annotations
 
@@ -21,8 +26,45 @@ OUTBOX_AGE = Gauge("memsvc_outbox_oldest_age_seconds", "Age of the oldest unfini
 RECONCILED = Counter(
     "memsvc_reconciled_embeddings_total", "Rows re-embedded by the reconcile task", ["table"]
 )
+
+# gRPC edge: the server interceptor sees every call, unauthenticated and malformed ones too.
+_RPC_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+RPC_STARTED = Counter(
+    "memsvc_grpc_server_started_total", "Calls started", ["grpc_service", "grpc_method"]
+)
+RPC_HANDLED = Counter(
+    "memsvc_grpc_server_handled_total",
+    "Calls finished, by the status code the caller received",
+    ["grpc_service", "grpc_method", "grpc_code"],
+)
+RPC_SECONDS = Histogram(
+    "memsvc_grpc_server_handling_seconds",
+    "Time from the handler's start to its final status",
+    ["grpc_service", "grpc_method"],
+    buckets=_RPC_BUCKETS,
+)
+RPC_IN_FLIGHT = Gauge(
+    "memsvc_grpc_server_in_flight", "Calls being handled now", ["grpc_service", "grpc_method"]
+)
+TENANT_LIMITED = Counter(
+    "memsvc_tenant_limited_total",
+    "Calls refused RESOURCE_EXHAUSTED by a per-tenant limit (rate or in_flight)",
+    ["limit"],
+)
+
+# Embedding, by model and by who asked: query (Recall, Prefetch), write (Remember, Correct),
+# extraction (workers), reconcile (re-embedding).
+EMBED_SECONDS = Histogram(
+    "memsvc_embedding_seconds",
+    "Latency of one embedding call (a batch of texts)",
+    ["model", "where"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+EMBED_TEXTS = Counter("memsvc_embedding_texts_total", "Texts embedded", ["model", "where"])
 EMBED_FAILURES = Counter(
-    "memsvc_embedding_failures_total", "Embedding calls that failed", ["where"]
+    "memsvc_embedding_failures_total",
+    "Embedding calls that failed (error: timeout or failed)",
+    ["model", "where", "error"],
 )
 
 # Read path.
@@ -34,8 +76,11 @@ RECALL_STAGE_SECONDS = Histogram(
     buckets=_READ_BUCKETS,
 )
 RECALL_MISSING_LEGS = Counter(
-    "memsvc_recall_missing_legs_total", "Recall legs that did not make it in time", ["leg"]
+    "memsvc_recall_missing_legs_total",
+    "Recall legs missing from an answer (reason: late, or failed)",
+    ["leg", "reason"],
 )
+RECALL_DEGRADED = Counter("memsvc_recall_degraded_total", "Recall answers marked degraded")
 PREFETCH_STAGE_SECONDS = Histogram(
     "memsvc_prefetch_stage_seconds",
     "Prefetch time per stage (cache, embed, build, total)",
@@ -45,6 +90,7 @@ PREFETCH_STAGE_SECONDS = Histogram(
 PREFETCH_CACHE = Counter(
     "memsvc_prefetch_cache_total", "Prefetch answers by cache status", ["status"]
 )
+PREFETCH_DEGRADED = Counter("memsvc_prefetch_degraded_total", "Prefetch answers marked degraded")
 READS_SHED = Counter(
     "memsvc_reads_shed_total", "Reads answered RESOURCE_EXHAUSTED at once (too many in flight)"
 )

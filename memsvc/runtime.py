@@ -14,6 +14,7 @@ from memsvc.cache.packets import PacketCache
 from memsvc.config import Settings
 from memsvc.embedding import Embedder
 from memsvc.embedding.factory import build_embedder
+from memsvc.embedding.measured import MeasuredEmbedder
 from memsvc.extraction.base import Extractor
 from memsvc.extraction.factory import build_extractor
 from memsvc.extraction.guardrails import Thresholds
@@ -141,7 +142,7 @@ class Runtime:
         acquire_timeout_s = settings.pg_acquire_timeout_ms / 1000
         self.memories = MemoryService(
             self.pool,
-            self.embedder,
+            MeasuredEmbedder(self.embedder, "write"),
             self.invalidator,
             acquire_timeout_s=acquire_timeout_s,
             embed_timeout_s=settings.embed_timeout_ms / 1000,
@@ -150,7 +151,7 @@ class Runtime:
         self._build_read_path(settings)
         self.pipeline = ExtractionPipeline(
             self.pool,
-            await self._background_embedder(settings),
+            MeasuredEmbedder(await self._background_embedder(settings), "extraction"),
             self.extractor,
             self.invalidator,
             pipeline_settings(settings),
@@ -162,7 +163,9 @@ class Runtime:
                 self.pipeline,
                 worker_settings(settings),
                 dsn=settings.pg_dsn,
-                periodic=lambda: reconcile_once(self.pool, self.pipeline_embedder),
+                periodic=lambda: reconcile_once(
+                    self.pool, MeasuredEmbedder(self.pipeline_embedder, "reconcile")
+                ),
             )
             await worker.start()
             self._stack.push_async_callback(worker.stop, settings.shutdown_grace_s)
@@ -170,7 +173,9 @@ class Runtime:
 
     def _build_read_path(self, settings: Settings) -> None:
         """Recall and Prefetch share the query-embedding LRU and the leg runner."""
-        query_embedder = QueryEmbedder(self.embedder, EmbeddingLRU(settings.query_embed_cache_size))
+        query_embedder = QueryEmbedder(
+            MeasuredEmbedder(self.embedder, "query"), EmbeddingLRU(settings.query_embed_cache_size)
+        )
         runner = LegRunner()
         # Cancelled legs give their connections back before the pool closes.
         self._stack.push_async_callback(runner.aclose)

@@ -170,6 +170,7 @@ class RecallService:
         results = await self._runner.run(legs, budget_s=budget.remaining())
 
         missing: list[str] = []
+        reasons: dict[str, str] = {}  # missing leg -> late or failed, for the metric
         failures: list[BaseException] = []
         ranked_lists: dict[str, list[Hit]] = {}
         for name, result in results.items():
@@ -183,10 +184,13 @@ class RecallService:
                 assert result.value is not None
                 ranked_lists[name] = keep_visible(query.scope, result.value)
                 continue
+            reason = "late" if late(result, (EmbeddingTimeout,)) else "failed"
             if name == DENSE and not progress.embedded:
                 missing.append(EMBED)
+                reasons[EMBED] = reason
             missing.append(name)
-            if not late(result, (EmbeddingTimeout,)):
+            reasons[name] = reason
+            if reason == "failed":
                 assert result.error is not None
                 failures.append(result.error)
                 log.warning("recall %s leg failed: %s", name, type(result.error).__name__)
@@ -208,7 +212,7 @@ class RecallService:
         timings.total_ms = (time.perf_counter() - started) * 1000
         order = [EMBED, DENSE, LEXICAL]
         missing_sorted = tuple(sorted(set(missing), key=order.index))
-        _observe(timings, missing_sorted)
+        _observe(timings, {leg: reasons[leg] for leg in missing_sorted})
         return RecallResult(
             items=ranked,
             degraded=bool(missing_sorted),
@@ -218,7 +222,7 @@ class RecallService:
         )
 
 
-def _observe(timings: RecallTimings, missing: tuple[str, ...]) -> None:
+def _observe(timings: RecallTimings, missing: Mapping[str, str]) -> None:
     for stage, ms in (
         (EMBED, timings.embed_ms),
         (DENSE, timings.dense_ms),
@@ -228,5 +232,7 @@ def _observe(timings: RecallTimings, missing: tuple[str, ...]) -> None:
     ):
         if ms > 0:
             metrics.RECALL_STAGE_SECONDS.labels(stage).observe(ms / 1000)
-    for leg in missing:
-        metrics.RECALL_MISSING_LEGS.labels(leg).inc()
+    for leg, reason in missing.items():
+        metrics.RECALL_MISSING_LEGS.labels(leg, reason).inc()
+    if missing:
+        metrics.RECALL_DEGRADED.inc()

@@ -59,7 +59,6 @@ async def reconcile_once(pool: asyncpg.Pool, embedder: Embedder, *, batch: int =
         try:
             vectors = await embedder.embed([r["text"] for r in rows])
         except EmbeddingError as exc:
-            metrics.EMBED_FAILURES.labels("reconcile").inc()
             log.warning("reconcile: embedding %s failed (%s)", tier.table, type(exc).__name__)
             return repaired
         key_names = [k.strip() for k in keys.split(",")]
