@@ -54,7 +54,13 @@ def served_stack(extra_env: dict[str, str] | None = None) -> Iterator[Target]:
             api_key = asyncio.run(_create_key(dsn))
             env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSVC_")}
             env.update(
-                {"MEMSVC_PG_DSN": dsn, "MEMSVC_REDIS_URL": url, "MEMSVC_GRPC_PORT": str(port)}
+                {
+                    "MEMSVC_PG_DSN": dsn,
+                    "MEMSVC_REDIS_URL": url,
+                    "MEMSVC_GRPC_PORT": str(port),
+                    # Any free port: a bench never takes (or fails on) the standard 9464.
+                    "MEMSVC_METRICS_PORT": "0",
+                }
             )
             env.update(extra_env or {})
             proc = subprocess.Popen(

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import asyncpg
 
+from memsvc import log_format
 from memsvc.config import ConfigError, Settings
+from memsvc.metrics_http import MetricsEndpoint
 from memsvc.runtime import Runtime
 from memsvc.server.app import MemsvcServer, serve_until_signalled
 from memsvc.storage import api_keys
@@ -31,6 +33,11 @@ _AUTH_OFF_BANNER = """
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="memsvc", description=__doc__)
     parser.add_argument("--log-level", default="INFO")
+    parser.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        help="text (default) or json: one object per line (MEMSVC_LOG_FORMAT)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     dev = sub.add_parser(
@@ -91,17 +98,25 @@ async def _run_dev(settings: Settings, args: argparse.Namespace) -> None:
         settings = settings.with_overrides(pg_dsn=dsn, redis_url=url)
         if not settings.auth_enabled:
             sys.stderr.write(_AUTH_OFF_BANNER.format(tenant=settings.default_tenant))
-        await serve_until_signalled(MemsvcServer(settings))
+        # Unless the port was chosen, a second dev instance serves metrics on a free port.
+        explicit = "MEMSVC_METRICS_PORT" in os.environ
+        await serve_until_signalled(MemsvcServer(settings, metrics_any_port_if_taken=not explicit))
     finally:
         log.info("stopping embedded servers")
         await asyncio.to_thread(stack.stop)
 
 
 async def _run_worker(settings: Settings, once: bool) -> None:
-    """Workers on their own: any number of these, on any machines, share one database."""
+    """Workers on their own: any number of these, on any machines, share one database.
+    They serve /metrics only when MEMSVC_METRICS_PORT is set (a worker beside a server on
+    one host would otherwise take the server's port)."""
     runtime = Runtime(settings, with_worker=True)
+    endpoint = MetricsEndpoint()
     await runtime.start()
     try:
+        if not once and "MEMSVC_METRICS_PORT" in os.environ and settings.metrics_port is not None:
+            port = endpoint.start(settings.metrics_host, settings.metrics_port)
+            log.info("metrics on http://%s:%d/metrics", settings.metrics_host, port)
         assert runtime.worker is not None
         if once:
             done = await runtime.worker.drain()
@@ -115,6 +130,7 @@ async def _run_worker(settings: Settings, once: bool) -> None:
         await stop.wait()
         log.info("draining in-flight jobs (grace %.1fs)", settings.shutdown_grace_s)
     finally:
+        await endpoint.stop()
         await runtime.close()
 
 
@@ -142,12 +158,9 @@ async def _run_keys(settings: Settings, args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
     try:
-        settings = Settings.from_env(os.environ)
+        settings = Settings.from_env(os.environ).with_overrides(log_format=args.log_format)
+        log_format.configure(args.log_level, settings.log_format)
         if args.command == "dev":
             auth = args.auth or ("MEMSVC_AUTH_ENABLED" in os.environ and settings.auth_enabled)
             settings = settings.with_overrides(

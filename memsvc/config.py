@@ -348,20 +348,6 @@ class Settings:
             )
         if self.log_format not in ("text", "json"):
             raise ConfigError(f"MEMSVC_LOG_FORMAT: expected text or json, got {self.log_format!r}")
-        if (self.tls_cert_file is None) != (self.tls_key_file is None):
-            raise ConfigError("MEMSVC_TLS_CERT_FILE and MEMSVC_TLS_KEY_FILE go together")
-        if self.tls_require_client_cert and self.tls_client_ca_file is None:
-            raise ConfigError(
-                "MEMSVC_TLS_REQUIRE_CLIENT_CERT needs MEMSVC_TLS_CLIENT_CA_FILE to verify them"
-            )
-        if self.tls_client_ca_file is not None and not self.tls_require_client_cert:
-            # gRPC either requires and verifies client certificates or asks for none: a CA
-            # alone would silently verify nobody.
-            raise ConfigError(
-                "MEMSVC_TLS_CLIENT_CA_FILE is used only with MEMSVC_TLS_REQUIRE_CLIENT_CERT=true"
-            )
-        if self.tls_client_ca_file is not None and self.tls_cert_file is None:
-            raise ConfigError("client certificates need TLS: set MEMSVC_TLS_CERT_FILE / _KEY_FILE")
         if self.max_request_bytes < 1024:
             raise ConfigError("MEMSVC_MAX_REQUEST_BYTES must be at least 1024")
         for name in ("recall_default_deadline_ms", "prefetch_default_deadline_ms"):

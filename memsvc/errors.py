@@ -9,6 +9,8 @@ class MemsvcError(Exception):
     """Base of every error memsvc answers a call with."""
 
     code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+    #: When set, the answer carries a retry hint (google.rpc.RetryInfo and retry-after-ms).
+    retry_after_s: float | None = None
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -43,6 +45,10 @@ class ResourceExhausted(MemsvcError):
     """A limit or quota was reached; retry later."""
 
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+    def __init__(self, message: str, *, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class Unavailable(MemsvcError):

@@ -52,6 +52,8 @@ def settings(backing_urls: tuple[str, str]) -> Settings:
         redis_url=url,
         auth_enabled=True,
         shutdown_grace_s=2.0,
+        # Any free port (server.metrics_port): never the standard 9464 another run may hold.
+        metrics_port=0,
     )
 
 

@@ -16,15 +16,21 @@ from grpc_reflection.v1alpha import reflection
 from memsvc.config import Settings
 from memsvc.embedding import Embedder
 from memsvc.extraction.base import Extractor
+from memsvc.metrics_http import MetricsEndpoint
 from memsvc.runtime import Runtime
 from memsvc.server.auth import Authenticator
+from memsvc.server.interceptor import ObservingInterceptor
 from memsvc.server.servicer import MemoryServicer
+from memsvc.server.tls import server_credentials
 from memsvc.v1 import memory_pb2, memory_pb2_grpc
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = memory_pb2.DESCRIPTOR.services_by_name["MemoryService"].full_name
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+# gRPC drops a request over this many times max_request_bytes before anything reads it
+# (RESOURCE_EXHAUSTED); up to it, the interceptor answers INVALID_ARGUMENT with the size.
+TRANSPORT_REQUEST_FACTOR = 2
 
 
 class MemsvcServer:
@@ -37,8 +43,11 @@ class MemsvcServer:
         embedder: Embedder | None = None,
         extractor: Extractor | None = None,
         with_worker: bool | None = None,
+        metrics_any_port_if_taken: bool = False,
     ) -> None:
         self.settings = settings
+        self._metrics_any_port = metrics_any_port_if_taken
+        self._metrics = MetricsEndpoint()
         self.runtime = Runtime(
             settings, embedder=embedder, extractor=extractor, with_worker=with_worker
         )
@@ -46,10 +55,15 @@ class MemsvcServer:
         self._health: AsyncHealthServicer | None = None
         self.pool: asyncpg.Pool | None = None
         self.port: int = 0
+        #: Where /metrics is served (0: not served).
+        self.metrics_port: int = 0
 
     async def start(self) -> int:
         """Connect, migrate, start workers, bind and start serving; returns the bound port."""
         settings = self.settings
+        # First, so a refused plaintext bind or an unreadable certificate fails before any
+        # connection is made.
+        credentials = server_credentials(settings)
         await self.runtime.start()
         try:
             runtime = self.runtime
@@ -71,11 +85,15 @@ class MemsvcServer:
                 on_read=(lambda s: worker.kick(s.tenant_id, s.user_id)) if worker else None,
             )
             server = grpc.aio.server(
+                interceptors=[ObservingInterceptor(max_request_bytes=settings.max_request_bytes)],
                 options=[
-                    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                    (
+                        "grpc.max_receive_message_length",
+                        TRANSPORT_REQUEST_FACTOR * settings.max_request_bytes,
+                    ),
                     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                     ("grpc.so_reuseport", 0),
-                ]
+                ],
             )
             memory_pb2_grpc.add_MemoryServiceServicer_to_server(servicer, server)
             health_servicer = AsyncHealthServicer()
@@ -83,7 +101,11 @@ class MemsvcServer:
             reflection.enable_server_reflection(
                 (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
             )
-            self.port = server.add_insecure_port(f"{settings.grpc_host}:{settings.grpc_port}")
+            address = f"{settings.grpc_host}:{settings.grpc_port}"
+            if credentials is None:
+                self.port = server.add_insecure_port(address)
+            else:
+                self.port = server.add_secure_port(address, credentials)
             if self.port == 0:
                 raise OSError(f"cannot bind {settings.grpc_host}:{settings.grpc_port}")
             await server.start()
@@ -91,7 +113,16 @@ class MemsvcServer:
             for name in ("", SERVICE_NAME):
                 await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
             self._health = health_servicer
+            if settings.metrics_port is not None:
+                self.metrics_port = self._metrics.start(
+                    settings.metrics_host,
+                    settings.metrics_port,
+                    any_port_if_taken=self._metrics_any_port,
+                )
         except BaseException:
+            if self._server is not None:
+                await self._server.stop(None)
+                self._server = None
             await self.runtime.close()
             raise
         return self.port
@@ -104,6 +135,8 @@ class MemsvcServer:
                 await self._health.enter_graceful_shutdown()
             await self._server.stop(self.settings.shutdown_grace_s if grace_s is None else grace_s)
             self._server = None
+        await self._metrics.stop()
+        self.metrics_port = 0
         await self.runtime.close()
 
     async def __aenter__(self) -> Self:
@@ -122,7 +155,15 @@ async def serve_until_signalled(server: MemsvcServer) -> None:
         loop.add_signal_handler(sig, stop.set)
     try:
         await server.start()
-        log.info("memsvc serving gRPC on %s:%d", server.settings.grpc_host, server.port)
+        settings = server.settings
+        log.info(
+            "memsvc serving gRPC (%s) on %s:%d",
+            "TLS" if settings.tls_cert_file else "plaintext",
+            settings.grpc_host,
+            server.port,
+        )
+        if server.metrics_port:
+            log.info("metrics on http://%s:%d/metrics", settings.metrics_host, server.metrics_port)
         await stop.wait()
         log.info("shutting down (grace %.1fs)", server.settings.shutdown_grace_s)
     finally:

@@ -10,7 +10,8 @@ from typing import TypeVar
 
 import grpc
 
-from memsvc.admission import InFlightLimit
+from memsvc import request_context
+from memsvc.admission import InFlightLimit, TenantLimits
 from memsvc.config import Settings
 from memsvc.deadline import Budget
 from memsvc.embedding import EmbeddingError
@@ -26,7 +27,7 @@ from memsvc.memories.model import Scope
 from memsvc.memories.service import MemoryService
 from memsvc.prefetch.service import PrefetchService
 from memsvc.retrieval.recall import RecallService
-from memsvc.server import convert, convert_read, validate, validate_read
+from memsvc.server import convert, convert_read, status, validate, validate_read
 from memsvc.server.auth import Authenticator, Metadata
 from memsvc.storage.errors import map_db_error
 from memsvc.v1 import memory_pb2 as pb
@@ -79,6 +80,11 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         self._on_read = on_read
         self._on_read_tasks: set[asyncio.Future[object]] = set()
         self._reads = InFlightLimit(settings.reads_max_in_flight)
+        self._tenants = TenantLimits(
+            rate_per_s=settings.tenant_rate_per_s,
+            burst=settings.tenant_burst,
+            max_in_flight=settings.tenant_max_in_flight,
+        )
 
     async def _run(
         self,
@@ -94,13 +100,16 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         error: MemsvcError
         try:
             tenant = await self._auth.tenant(_metadata(context))
-            budget = Budget.from_remaining(
-                context.time_remaining(),
-                default_ms=default_deadline_ms,
-                margin_ms=self._settings.deadline_margin_ms,
-            )
-            async with asyncio.timeout(budget.remaining() + guard_slack_s):
-                return await handler(tenant, budget)
+            request_context.tenant.set(tenant)
+            # After authentication, so a tenant is limited by what it sends, never by others.
+            with self._tenants.admit(tenant):
+                budget = Budget.from_remaining(
+                    context.time_remaining(),
+                    default_ms=default_deadline_ms,
+                    margin_ms=self._settings.deadline_margin_ms,
+                )
+                async with asyncio.timeout(budget.remaining() + guard_slack_s):
+                    return await handler(tenant, budget)
         except TimeoutError:
             error = DeadlineExceeded(f"{rpc} did not complete within the call's deadline")
         except Exception as exc:
@@ -112,8 +121,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
                 error = mapped
         if error.code not in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND):
             log.info("%s answered %s", rpc, error.code.name)
-        await context.abort(error.code, error.message)
-        raise AssertionError("unreachable: context.abort raises")
+        await status.abort(context, error)
 
     def _write_deadline(self) -> int:
         return self._settings.default_write_deadline_ms
@@ -220,7 +228,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
 
     async def _unimplemented(self, context: Context, rpc: str, issue: str) -> None:
         error = Unimplemented(f"{rpc} is declared but not built yet ({issue}); no answer is faked")
-        await context.abort(error.code, error.message)
+        await status.abort(context, error)
 
     # -- read path ----------------------------------------------------------------------------
 

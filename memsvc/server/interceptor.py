@@ -1,0 +1,210 @@
+"""The server interceptor: a request id per call, per-RPC metrics, unreadable requests refused.
+
+It wraps every method handler, so it sees each call, unauthenticated and malformed ones
+included, and measures the handler itself: from its start to the status the caller gets,
+aborts, cancellations and escaped exceptions included. A request larger than
+``max_request_bytes``, or bytes that are not the method's protobuf message, never reaches
+the servicer: the call is answered INVALID_ARGUMENT (gRPC's own answer to the latter would
+be an opaque INTERNAL or UNKNOWN).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from memsvc import metrics, request_context
+from memsvc.errors import InvalidArgument
+from memsvc.server import status
+
+log = logging.getLogger(__name__)
+
+Context = grpc.aio.ServicerContext[Any, Any]
+# Generic in the type stubs only.
+if TYPE_CHECKING:
+    Handler = grpc.RpcMethodHandler[Any, Any]
+    _ServerInterceptor = grpc.aio.ServerInterceptor[Any, Any]
+else:
+    Handler = grpc.RpcMethodHandler
+    _ServerInterceptor = grpc.aio.ServerInterceptor
+UNKNOWN_METHOD = ("unknown", "unknown")
+
+
+class Unreadable:
+    """Stands in for a request that could not be read; the call is answered INVALID_ARGUMENT."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
+def split_method(path: str) -> tuple[str, str]:
+    """("memsvc.v1.MemoryService", "Recall") from "/memsvc.v1.MemoryService/Recall"."""
+    service, _, method = path.lstrip("/").rpartition("/")
+    return (service, method) if service and method else UNKNOWN_METHOD
+
+
+def _caller_request_id(context: Context) -> str | None:
+    for key, value in context.invocation_metadata() or ():
+        if key == request_context.REQUEST_ID_HEADER:
+            return value if isinstance(value, str) else None
+    return None
+
+
+def final_code(exc: BaseException, context: Context) -> grpc.StatusCode:
+    """The status the caller receives when the handler ended with ``exc``."""
+    if isinstance(exc, grpc.aio.AbortError):
+        return context.code() or grpc.StatusCode.UNKNOWN
+    if isinstance(exc, asyncio.CancelledError):
+        remaining = context.time_remaining()
+        if remaining is not None and remaining <= 0:
+            return grpc.StatusCode.DEADLINE_EXCEEDED
+        return grpc.StatusCode.CANCELLED
+    # grpc answers an exception that escapes a handler with UNKNOWN.
+    return grpc.StatusCode.UNKNOWN
+
+
+class _Call:
+    """One observed call: ids in the context, the request id echoed, metrics on finish."""
+
+    __slots__ = ("_labels", "_started", "_tokens")
+
+    def __init__(self, context: Context, path: str, labels: tuple[str, str]) -> None:
+        rid = request_context.accept_request_id(_caller_request_id(context))
+        context.set_trailing_metadata(((request_context.REQUEST_ID_HEADER, rid),))
+        self._tokens: tuple[contextvars.Token[str | None], ...] = (
+            request_context.request_id.set(rid),
+            request_context.rpc.set(path.lstrip("/")),
+            request_context.tenant.set(None),  # the servicer sets it after authentication
+        )
+        self._labels = labels
+        metrics.RPC_STARTED.labels(*labels).inc()
+        metrics.RPC_IN_FLIGHT.labels(*labels).inc()
+        self._started = time.perf_counter()
+
+    def finish(self, code: grpc.StatusCode) -> None:
+        metrics.RPC_SECONDS.labels(*self._labels).observe(time.perf_counter() - self._started)
+        metrics.RPC_HANDLED.labels(*self._labels, code.name).inc()
+        metrics.RPC_IN_FLIGHT.labels(*self._labels).dec()
+        request_id, rpc, tenant = self._tokens
+        request_context.tenant.reset(tenant)
+        request_context.rpc.reset(rpc)
+        request_context.request_id.reset(request_id)
+
+
+class ObservingInterceptor(_ServerInterceptor):
+    """Wraps each method's handler once (cached per method) with the observation."""
+
+    def __init__(self, *, max_request_bytes: int) -> None:
+        self._max_request_bytes = max_request_bytes
+        self._wrapped: dict[str, tuple[Handler, Handler]] = {}
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Handler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> Handler:
+        handler = await continuation(handler_call_details)
+        path = handler_call_details.method
+        if handler is None:
+            # No such method: grpc answers UNIMPLEMENTED; the path is not a label (unbounded).
+            metrics.RPC_HANDLED.labels(*UNKNOWN_METHOD, grpc.StatusCode.UNIMPLEMENTED.name).inc()
+            return handler
+        cached = self._wrapped.get(path)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = self._wrap(handler, path)
+        self._wrapped[path] = (handler, wrapped)
+        return wrapped
+
+    def _wrap(self, handler: Handler, path: str) -> Handler:
+        labels = split_method(path)
+        serializer = handler.response_serializer
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                self._unary(handler.unary_unary, path, labels),
+                request_deserializer=self._deserializer(handler.request_deserializer),
+                response_serializer=serializer,
+            )
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(
+                self._streaming(handler.unary_stream, path, labels),
+                request_deserializer=self._deserializer(handler.request_deserializer),
+                response_serializer=serializer,
+            )
+        # Request streams (reflection) get their messages as they are: a stand-in inside an
+        # iterator would reach code that does not expect it.
+        if handler.stream_unary is not None:
+            return grpc.stream_unary_rpc_method_handler(
+                self._unary(handler.stream_unary, path, labels),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=serializer,
+            )
+        assert handler.stream_stream is not None
+        return grpc.stream_stream_rpc_method_handler(
+            self._streaming(handler.stream_stream, path, labels),
+            request_deserializer=handler.request_deserializer,
+            response_serializer=serializer,
+        )
+
+    def _deserializer(self, inner: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+        if inner is None:
+            return None
+        limit = self._max_request_bytes
+
+        def read(raw: bytes) -> Any:
+            if len(raw) > limit:
+                return Unreadable(f"request: {len(raw)} bytes, at most {limit}")
+            try:
+                return inner(raw)
+            except DecodeError:
+                return Unreadable("request: not a valid protobuf message for this method")
+
+        return read
+
+    @staticmethod
+    def _unary(
+        behavior: Callable[..., Any], path: str, labels: tuple[str, str]
+    ) -> Callable[[Any, Context], Awaitable[Any]]:
+        async def observed(request: Any, context: Context) -> Any:
+            call = _Call(context, path, labels)
+            try:
+                if isinstance(request, Unreadable):
+                    await status.abort(context, InvalidArgument(request.message))
+                response = await behavior(request, context)
+            except BaseException as exc:
+                call.finish(final_code(exc, context))
+                raise
+            call.finish(context.code() or grpc.StatusCode.OK)
+            return response
+
+        return observed
+
+    @staticmethod
+    def _streaming(behavior: Callable[..., Any], path: str, labels: tuple[str, str]) -> Any:
+        if not inspect.isasyncgenfunction(behavior):
+            # A coroutine that writes with context.write (the health Watch).
+            return ObservingInterceptor._unary(behavior, path, labels)
+
+        async def observed(request: Any, context: Context) -> AsyncIterator[Any]:
+            call = _Call(context, path, labels)
+            try:
+                if isinstance(request, Unreadable):
+                    await status.abort(context, InvalidArgument(request.message))
+                async for response in behavior(request, context):
+                    yield response
+            except BaseException as exc:
+                call.finish(final_code(exc, context))
+                raise
+            call.finish(context.code() or grpc.StatusCode.OK)
+
+        return observed
