@@ -191,8 +191,9 @@ async def seed(
         for name in rng.sample(TOPICS, topics_per_user):
             tid = uuid.uuid4()
             topic_ids.append(tid)
+            seen_at = now - timedelta(days=rng.uniform(0, 90))
             topic_rows.append(
-                (TENANT, user, tid, name, float(rng.randint(1, 5)), now - timedelta(days=rng.uniform(0, 90)),
+                (TENANT, user, tid, name, float(rng.randint(1, 5)), seen_at,
                  topic_vecs[TOPICS.index(name)], model_id, "ok")
             )  # fmt: skip
         per_session = max(1, messages_per_user // sessions_per_user)

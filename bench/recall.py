@@ -371,8 +371,19 @@ def main() -> None:
         type=lambda raw: [float(r) for r in raw.split(",")],
         default=[50.0, 100.0, 150.0, 200.0, 250.0],
     )
+    parser.add_argument(
+        "--server-env",
+        action="append",
+        default=[],
+        metavar="MEMSVC_X=value",
+        help="extra server setting (repeatable), e.g. MEMSVC_READS_MAX_IN_FLIGHT=16",
+    )
     args = parser.parse_args()
-    with served_stack(SERVER_ENV) as target:
+    server_env = dict(SERVER_ENV)
+    for pair in args.server_env:
+        name, _, value = pair.partition("=")
+        server_env[name] = value
+    with served_stack(server_env) as target:
         seeded = asyncio.run(
             corpus.seed(
                 target.pg_dsn,
@@ -408,6 +419,7 @@ def main() -> None:
         json.dumps(
             {
                 "args": {k: v for k, v in vars(args).items()},
+                "server_env": server_env,
                 "corpus": asdict(seeded),
                 "phases": {p.name: p.as_dict() for p in phases},
                 "floor": {p.name: p.as_dict() for p in floors},

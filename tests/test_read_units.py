@@ -554,3 +554,47 @@ async def test_query_embedder_refuses_what_the_queue_cannot_serve_in_time() -> N
     await asyncio.gather(*queued)
     assert (await embedder.embed("first", timeout_s=0.0)) is not None  # cached: no wait
     assert len(await embedder.embed("fresh", timeout_s=1)) == 4
+
+
+async def test_query_embedder_batches_queued_queries() -> None:
+    slow = _SerialSlowEmbedder(0.02)
+    seen: list[list[str]] = []
+    real_embed = slow.embed
+
+    async def recording(texts: list[str], *, timeout_s: float | None = None) -> np.ndarray:
+        seen.append(list(texts))
+        return await real_embed(texts, timeout_s=timeout_s)
+
+    slow.embed = recording  # type: ignore[method-assign]
+    embedder = QueryEmbedder(slow, EmbeddingLRU(100), max_batch=4)  # type: ignore[arg-type]
+    vectors = await asyncio.gather(*[embedder.embed(f"q{i}", timeout_s=5) for i in range(9)])
+    assert len(vectors) == 9
+    # All nine arrived before the model was free: batches of at most four, in order.
+    assert [len(b) for b in seen] == [4, 4, 1]
+    assert [t for b in seen for t in b] == [f"q{i}" for i in range(9)]
+    # One that arrives while a batch runs waits for it, then goes with whatever queued.
+    running = asyncio.create_task(embedder.embed("alone", timeout_s=5))
+    await asyncio.sleep(0.005)
+    late = [asyncio.create_task(embedder.embed(f"late{i}", timeout_s=5)) for i in range(2)]
+    await asyncio.gather(running, *late)
+    assert seen[-2:] == [["alone"], ["late0", "late1"]]
+
+
+async def test_query_embedder_drops_a_query_whose_caller_gave_up() -> None:
+    slow = _SerialSlowEmbedder(0.05)
+    seen: list[str] = []
+    real_embed = slow.embed
+
+    async def recording(texts: list[str], *, timeout_s: float | None = None) -> np.ndarray:
+        seen.extend(texts)
+        return await real_embed(texts, timeout_s=timeout_s)
+
+    slow.embed = recording  # type: ignore[method-assign]
+    embedder = QueryEmbedder(slow, EmbeddingLRU(100))  # type: ignore[arg-type]
+    first = asyncio.create_task(embedder.embed("running", timeout_s=5))
+    await asyncio.sleep(0.01)
+    with pytest.raises(EmbeddingTimeout):
+        await embedder.embed("impatient", timeout_s=0.01)
+    await first
+    await asyncio.sleep(0.06)
+    assert seen == ["running"]

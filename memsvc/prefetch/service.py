@@ -403,13 +403,10 @@ class PrefetchService:
         fused = rrf({k: keep_visible(scope, v) for k, v in legs.items()}, k=cfg.rrf_k)
         top = max((f.fused_score for f in fused), default=0.0)
         # Pinned and core facts have their own section: the direct picks are the others.
-        matches = [
-            (f.hit.memory, f.fused_score / top)
-            for f in fused
-            if f.hit.memory is not None
-            and not (f.hit.memory.pinned or f.hit.memory.role == cfg.roles[0])
+        picks = [f for f in fused if not (f.hit.pinned or f.hit.role == cfg.roles[0])][
+            : cfg.direct_facts
         ]
-        return matches[: cfg.direct_facts]
+        return [(f.hit.memory, f.fused_score / top) for f in picks if f.hit.memory is not None]
 
     def _assemble(
         self,

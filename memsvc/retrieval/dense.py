@@ -15,6 +15,7 @@ which one runs, so the choice costs no extra round trip.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
@@ -26,36 +27,46 @@ from memsvc.deadline import Budget
 from memsvc.debug_delay import maybe_sleep
 from memsvc.memories.model import Scope
 from memsvc.retrieval.query import Hit, ItemKind
-from memsvc.retrieval.sources import SOURCES, Source, statement_timeout
+from memsvc.retrieval.sources import SOURCES, TIE_BREAK_SQL, statement_timeout, to_hit
 
 
-def dense_sql(source: Source, *, with_as_of: bool) -> str:
-    """$1..$4 scope, $5 query vector, $6 model id, $7 exact_max_rows, $8 limit, [$9 as_of]."""
-    time_sql = source.time_sql("$9" if with_as_of else None)
-    where = f"{source.scope_sql} AND {time_sql} AND embedding_state = 'ok' AND embedding_model = $6"
-    return f"""
-        /* memsvc:recall:dense:{source.kind.value} */
-        WITH scope_rows AS (
-            SELECT count(*) AS n FROM (
-                SELECT 1 FROM {source.table} WHERE tenant_id = $1 AND user_id = $2
-                LIMIT $7 + 1) AS capped)
-        SELECT * FROM (
-            (SELECT {source.columns}, (embedding <=> $5) AS distance
-             FROM {source.table}
-             WHERE {where} AND (SELECT n FROM scope_rows) <= $7
-             -- "+ 0": an expression the HNSW index cannot serve, so this branch always
-             -- computes every scope row's distance (the exact path).
-             ORDER BY (embedding <=> $5) + 0, {source.order_sql}
-             LIMIT $8)
-            UNION ALL
-            (SELECT {source.columns}, (embedding <=> $5) AS distance
-             FROM {source.table}
-             WHERE {where} AND (SELECT n FROM scope_rows) > $7
-             ORDER BY embedding <=> $5
-             LIMIT $8)
-        ) AS hits
-        ORDER BY distance, {source.order_sql}
+@functools.lru_cache(maxsize=32)
+def dense_sql(kinds: tuple[ItemKind, ...], *, with_as_of: bool) -> str:
+    """$1..$4 scope, $5 query vector, $6 model id, $7 exact_max_rows, $8 limit, [$9 as_of].
+
+    Per kind: a capped count of the user's rows, then the exact branch or the index branch
+    (a one-time filter on the count runs exactly one of them); all kinds in one statement.
     """
+    ctes: list[str] = []
+    branches: list[str] = []
+    for kind in kinds:
+        source = SOURCES[kind]
+        count = f"{kind.value}_rows"
+        ctes.append(
+            f"{count} AS (SELECT count(*) AS n FROM (SELECT 1 FROM {source.table}"
+            " WHERE tenant_id = $1 AND user_id = $2 LIMIT $7 + 1) AS capped)"
+        )
+        where = (
+            f"{source.scope_sql} AND {source.time_sql('$9' if with_as_of else None)}"
+            " AND embedding_state = 'ok' AND embedding_model = $6"
+        )
+        select = f"SELECT {source.select_list}, (embedding <=> $5) AS distance FROM {source.table}"
+        branches.append(
+            f"({select} WHERE {where} AND (SELECT n FROM {count}) <= $7"
+            # "+ 0": an expression the HNSW index cannot serve, so this branch always
+            # computes every scope row's distance (the exact path).
+            " ORDER BY (embedding <=> $5) + 0, item_id LIMIT $8)"
+        )
+        branches.append(
+            f"({select} WHERE {where} AND (SELECT n FROM {count}) > $7"
+            " ORDER BY embedding <=> $5 LIMIT $8)"
+        )
+    return (
+        "/* memsvc:recall:dense */"
+        f" WITH {', '.join(ctes)}"
+        f" SELECT * FROM ({' UNION ALL '.join(branches)}) AS hits"
+        f" ORDER BY distance, {TIE_BREAK_SQL} LIMIT $8"
+    )
 
 
 async def dense_hits(
@@ -73,26 +84,21 @@ async def dense_hits(
 ) -> list[Hit]:
     """The ``limit`` nearest items over all kinds, nearest first (score = cosine distance)."""
     await maybe_sleep(conn, delays, "dense")
-    hits: list[Hit] = []
-    for kind in kinds:
-        source = SOURCES[kind]
-        args: list[object] = [
-            scope.tenant_id,
-            scope.user_id,
-            scope.persona_id,
-            scope.agent_id,
-            vector,
-            model_id,
-            exact_max_rows,
-            limit,
-        ]
-        if as_of is not None:
-            args.append(as_of)
-        rows = await conn.fetch(
-            dense_sql(source, with_as_of=as_of is not None),
-            *args,
-            timeout=statement_timeout(budget),
-        )
-        hits.extend(source.to_hit(row, float(row["distance"])) for row in rows)
-    hits.sort(key=lambda h: (h.score, h.key))
-    return hits[:limit]
+    args: list[object] = [
+        scope.tenant_id,
+        scope.user_id,
+        scope.persona_id,
+        scope.agent_id,
+        vector,
+        model_id,
+        exact_max_rows,
+        limit,
+    ]
+    if as_of is not None:
+        args.append(as_of)
+    rows = await conn.fetch(
+        dense_sql(tuple(kinds), with_as_of=as_of is not None),
+        *args,
+        timeout=statement_timeout(budget),
+    )
+    return [to_hit(row, float(row["distance"])) for row in rows]

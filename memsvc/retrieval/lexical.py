@@ -14,6 +14,7 @@ only ever scans one user's rows.
 
 from __future__ import annotations
 
+import functools
 import unicodedata
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -24,7 +25,7 @@ from memsvc.deadline import Budget
 from memsvc.debug_delay import maybe_sleep
 from memsvc.memories.model import Scope
 from memsvc.retrieval.query import Hit, ItemKind
-from memsvc.retrieval.sources import SOURCES, Source, statement_timeout
+from memsvc.retrieval.sources import SOURCES, TIE_BREAK_SQL, statement_timeout, to_hit
 
 MAX_PATTERNS = 32
 
@@ -64,24 +65,32 @@ def cjk_patterns(text: str, *, limit: int = MAX_PATTERNS) -> list[str]:
     return [f"%{_like_escape(g)}%" for g in unique]
 
 
-def lexical_sql(source: Source, *, with_as_of: bool) -> str:
-    """$1..$4 scope, $5 query text, $6 ILIKE patterns, $7 limit, [$8 as_of]."""
-    time_sql = source.time_sql("$8" if with_as_of else None)
-    tsv, text = source.tsv_sql, source.text_sql
-    return f"""
-        /* memsvc:recall:lexical:{source.kind.value} */
-        WITH q AS (
-            SELECT replace(plainto_tsquery('english', $5)::text, ' & ', ' | ')::tsquery AS tsq)
-        SELECT {source.columns},
-               (CASE WHEN {tsv} @@ q.tsq THEN ts_rank_cd({tsv}, q.tsq) ELSE 0 END
-                + (SELECT count(*) FROM unnest($6::text[]) AS p WHERE {text} ILIKE p)::real
-                  / greatest(cardinality($6::text[]), 1)) AS lexical_score
-        FROM {source.table}, q
-        WHERE {source.scope_sql} AND {time_sql}
-          AND ({tsv} @@ q.tsq OR {text} ILIKE ANY ($6::text[]))
-        ORDER BY lexical_score DESC, {source.order_sql}
-        LIMIT $7
-    """
+@functools.lru_cache(maxsize=32)
+def lexical_sql(kinds: tuple[ItemKind, ...], *, with_as_of: bool) -> str:
+    """$1..$4 scope, $5 query text, $6 ILIKE patterns, $7 limit, [$8 as_of]; all kinds in
+    one statement."""
+    branches: list[str] = []
+    for kind in kinds:
+        source = SOURCES[kind]
+        tsv, text = source.tsv_sql, source.text_sql
+        time_sql = source.time_sql("$8" if with_as_of else None)
+        branches.append(
+            f"(SELECT {source.select_list},"
+            f" (CASE WHEN {tsv} @@ q.tsq THEN ts_rank_cd({tsv}, q.tsq) ELSE 0 END"
+            f"  + (SELECT count(*) FROM unnest($6::text[]) AS p WHERE {text} ILIKE p)::real"
+            "    / greatest(cardinality($6::text[]), 1)) AS lexical_score"
+            f" FROM {source.table}, q"
+            f" WHERE {source.scope_sql} AND {time_sql}"
+            f"  AND ({tsv} @@ q.tsq OR {text} ILIKE ANY ($6::text[]))"
+            " ORDER BY lexical_score DESC, item_id LIMIT $7)"
+        )
+    return (
+        "/* memsvc:recall:lexical */"
+        " WITH q AS (SELECT replace(plainto_tsquery('english', $5)::text, ' & ', ' | ')::tsquery"
+        " AS tsq)"
+        f" SELECT * FROM ({' UNION ALL '.join(branches)}) AS hits"
+        f" ORDER BY lexical_score DESC, {TIE_BREAK_SQL} LIMIT $7"
+    )
 
 
 async def lexical_hits(
@@ -97,26 +106,20 @@ async def lexical_hits(
 ) -> list[Hit]:
     """The ``limit`` best text matches over all kinds, best first (score higher is better)."""
     await maybe_sleep(conn, delays, "lexical")
-    patterns = cjk_patterns(text)
-    hits: list[Hit] = []
-    for kind in kinds:
-        source = SOURCES[kind]
-        args: list[object] = [
-            scope.tenant_id,
-            scope.user_id,
-            scope.persona_id,
-            scope.agent_id,
-            text,
-            patterns,
-            limit,
-        ]
-        if as_of is not None:
-            args.append(as_of)
-        rows = await conn.fetch(
-            lexical_sql(source, with_as_of=as_of is not None),
-            *args,
-            timeout=statement_timeout(budget),
-        )
-        hits.extend(source.to_hit(row, float(row["lexical_score"])) for row in rows)
-    hits.sort(key=lambda h: (-h.score, h.key))
-    return hits[:limit]
+    args: list[object] = [
+        scope.tenant_id,
+        scope.user_id,
+        scope.persona_id,
+        scope.agent_id,
+        text,
+        cjk_patterns(text),
+        limit,
+    ]
+    if as_of is not None:
+        args.append(as_of)
+    rows = await conn.fetch(
+        lexical_sql(tuple(kinds), with_as_of=as_of is not None),
+        *args,
+        timeout=statement_timeout(budget),
+    )
+    return [to_hit(row, float(row["lexical_score"])) for row in rows]

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import datetime
 
 import numpy as np
@@ -55,7 +57,9 @@ class Hit:
     """One row a leg found, with the scope columns it was stored under (for the post-filter).
 
     ``score`` is the leg's own measure: cosine distance for the dense leg (lower is better),
-    text-match score for the lexical leg (higher is better).
+    text-match score for the lexical leg (higher is better). A fact carries the few columns
+    ranking needs; its full MemoryRecord is built only when asked for (``memory``), which
+    happens for the items that make the answer, not for every candidate.
     """
 
     kind: ItemKind
@@ -67,9 +71,17 @@ class Hit:
     shared_all_agents: bool
     shared_all_personas: bool
     score: float
-    memory: MemoryRecord | None = None
     sender_id: str = ""
+    # Message role (user, assistant...) for messages; the memory role for facts.
     role: str = ""
+    confidence: float | None = None
+    pinned: bool = False
+    # Builds the fact's MemoryRecord (from the row the leg fetched); None for other kinds.
+    record_factory: Callable[[], MemoryRecord] | None = field(default=None, repr=False)
+
+    @functools.cached_property
+    def memory(self) -> MemoryRecord | None:
+        return None if self.record_factory is None else self.record_factory()
 
     @property
     def key(self) -> tuple[str, str, str]:

@@ -65,11 +65,10 @@ def final_order(
         hit = item.hit
         age_days = (now - hit.occurred_at).total_seconds() / SECONDS_PER_DAY
         boost = recency_weight * decay(age_days, weights.half_life_days)
-        memory = hit.memory if hit.kind is ItemKind.FACT else None
-        if memory is not None:
-            boost += weights.confidence * memory.confidence
-            boost += weights.role * role_bonus(memory.role, role_order)
-            boost += weights.pinned * (1.0 if memory.pinned else 0.0)
+        if hit.kind is ItemKind.FACT and hit.confidence is not None:
+            boost += weights.confidence * hit.confidence
+            boost += weights.role * role_bonus(hit.role, role_order)
+            boost += weights.pinned * (1.0 if hit.pinned else 0.0)
         else:
             boost += weights.confidence * weights.neutral_confidence
         ranked.append(Ranked(item, item.fused_score * (1.0 + boost)))

@@ -3,11 +3,15 @@
 Every predicate takes the scope as $1..$4 (tenant, user, persona, agent), so the legs can
 compose them. Facts honour explicit sharing (storage.memories.VISIBLE); episodes and messages
 have no sharing and match all three scope fields exactly.
+
+Every kind selects the same columns (``ROW_COLUMNS``; NULL where a kind has no such field), so
+a leg searches all requested kinds in one statement (a UNION ALL of one branch per kind): one
+round trip and one plan per leg whatever the kinds, instead of one per kind.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
 from dataclasses import dataclass
 
 import asyncpg
@@ -15,7 +19,6 @@ import asyncpg
 from memsvc.deadline import Budget
 from memsvc.memories.model import Scope
 from memsvc.retrieval.query import Hit, ItemKind
-from memsvc.storage.memories import COLUMNS as FACT_COLUMNS
 from memsvc.storage.memories import VISIBLE as FACT_VISIBLE
 from memsvc.storage.memories import record_from_row
 
@@ -31,6 +34,53 @@ def statement_timeout(budget: Budget) -> float:
 _EXACT_SCOPE = "tenant_id = $1 AND user_id = $2 AND persona_id = $3 AND agent_id = $4"
 _NOT_EXPIRED = "(expires_at IS NULL OR expires_at > now())"
 
+# The shape every kind's branch selects: name and SQL type (for the NULLs of other kinds).
+ROW_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("kind", "text"),
+    ("item_id", "text"),
+    ("item_text", "text"),
+    ("session_id", "text"),
+    ("occurred_at", "timestamptz"),
+    ("tenant_id", "text"),
+    ("user_id", "text"),
+    ("persona_id", "text"),
+    ("agent_id", "text"),
+    ("shared_all_agents", "boolean"),
+    ("shared_all_personas", "boolean"),
+    ("sender_id", "text"),
+    ("role", "text"),
+    ("confidence", "real"),
+    ("pinned", "boolean"),
+    # The rest of a fact's row (storage.memories.record_from_row reads these names).
+    ("memory_id", "uuid"),
+    ("lineage_id", "uuid"),
+    ("content", "text"),
+    ("subject", "text"),
+    ("predicate", "text"),
+    ("object", "text"),
+    ("category", "text"),
+    ("reinforced_count", "integer"),
+    ("valid_from", "timestamptz"),
+    ("invalid_at", "timestamptz"),
+    ("recorded_at", "timestamptz"),
+    ("supersedes_id", "uuid"),
+    ("superseded_by_id", "uuid"),
+    ("source_message_ids", "text[]"),
+    ("origin", "text"),
+    ("correction_reason", "text"),
+    ("status", "text"),
+)
+_ROW_NAMES = frozenset(name for name, _ in ROW_COLUMNS)
+
+
+def _select_list(kind: ItemKind, exprs: dict[str, str]) -> str:
+    unknown = set(exprs) - _ROW_NAMES
+    assert not unknown, f"not in ROW_COLUMNS: {unknown}"
+    exprs = {"kind": f"'{kind.value}'", **exprs}
+    return ", ".join(
+        f"{exprs.get(name, f'NULL::{sql_type}')} AS {name}" for name, sql_type in ROW_COLUMNS
+    )
+
 
 @dataclass(frozen=True)
 class Source:
@@ -38,16 +88,13 @@ class Source:
 
     kind: ItemKind
     table: str
-    columns: str
+    select_list: str
     scope_sql: str
     current_sql: str
     as_of_sql: str
     # Text the ILIKE fallback searches, and the stored tsvector the full-text search uses.
     text_sql: str
     tsv_sql: str
-    # Deterministic tie-break among equal scores (output column names).
-    order_sql: str
-    to_hit: Callable[[asyncpg.Record, float], Hit]
 
     def time_sql(self, as_of_param: str | None) -> str:
         if as_of_param is None:
@@ -59,56 +106,46 @@ def _scope_of(row: asyncpg.Record) -> Scope:
     return Scope(row["tenant_id"], row["user_id"], row["persona_id"], row["agent_id"])
 
 
-def _fact_hit(row: asyncpg.Record, score: float) -> Hit:
-    record = record_from_row(row)
+def to_hit(row: asyncpg.Record, score: float) -> Hit:
+    """A Hit from a row of any kind (selected as ROW_COLUMNS)."""
+    kind = ItemKind(row["kind"])
+    is_fact = kind is ItemKind.FACT
     return Hit(
-        kind=ItemKind.FACT,
-        id=str(record.memory_id),
-        text=record.content,
-        session_id=record.session_id,
-        occurred_at=record.recorded_at,
-        scope=record.scope,
-        shared_all_agents=record.sharing.all_agents,
-        shared_all_personas=record.sharing.all_personas,
-        score=score,
-        memory=record,
-    )
-
-
-def _episode_hit(row: asyncpg.Record, score: float) -> Hit:
-    return Hit(
-        kind=ItemKind.EPISODE,
-        id=str(row["episode_id"]),
-        text=f"{row['title']}: {row['summary']}",
+        kind=kind,
+        id=row["item_id"],
+        text=row["item_text"],
         session_id=row["session_id"],
-        occurred_at=row["ended_at"],
+        occurred_at=row["occurred_at"],
         scope=_scope_of(row),
-        shared_all_agents=False,
-        shared_all_personas=False,
-        score=score,
-    )
-
-
-def _message_hit(row: asyncpg.Record, score: float) -> Hit:
-    return Hit(
-        kind=ItemKind.MESSAGE,
-        id=row["message_id"],
-        text=row["text"],
-        session_id=row["session_id"],
-        occurred_at=row["sent_at"],
-        scope=_scope_of(row),
-        shared_all_agents=False,
-        shared_all_personas=False,
+        shared_all_agents=row["shared_all_agents"],
+        shared_all_personas=row["shared_all_personas"],
         score=score,
         sender_id=row["sender_id"],
         role=row["role"],
+        confidence=float(row["confidence"]) if is_fact else None,
+        pinned=row["pinned"],
+        # The full MemoryRecord only for the facts that make the answer.
+        record_factory=functools.partial(record_from_row, row) if is_fact else None,
     )
 
 
 FACTS = Source(
     kind=ItemKind.FACT,
     table="memories",
-    columns=FACT_COLUMNS,
+    select_list=_select_list(
+        ItemKind.FACT,
+        {
+            "item_id": "memory_id::text",
+            "item_text": "content",
+            "occurred_at": "recorded_at",
+            **{
+                name: name
+                for name, _ in ROW_COLUMNS
+                if name not in ("kind", "item_id", "item_text", "occurred_at", "sender_id")
+            },
+            "sender_id": "''",
+        },
+    ),
     scope_sql=FACT_VISIBLE,
     current_sql=f"invalid_at IS NULL AND {_NOT_EXPIRED}",
     # Valid time: what held at that moment, superseded versions included if they held then.
@@ -118,15 +155,28 @@ FACTS = Source(
     ),
     text_sql="content",
     tsv_sql="search_tsv",
-    order_sql="memory_id",
-    to_hit=_fact_hit,
 )
 
 EPISODES = Source(
     kind=ItemKind.EPISODE,
     table="episodes",
-    columns=(
-        "tenant_id, user_id, persona_id, agent_id, episode_id, session_id, title, summary, ended_at"
+    select_list=_select_list(
+        ItemKind.EPISODE,
+        {
+            "item_id": "episode_id::text",
+            "item_text": "title || ': ' || summary",
+            "session_id": "session_id",
+            "occurred_at": "ended_at",
+            "tenant_id": "tenant_id",
+            "user_id": "user_id",
+            "persona_id": "persona_id",
+            "agent_id": "agent_id",
+            "shared_all_agents": "false",
+            "shared_all_personas": "false",
+            "sender_id": "''",
+            "role": "''",
+            "pinned": "false",
+        },
     ),
     scope_sql=_EXACT_SCOPE,
     current_sql="true",
@@ -134,16 +184,28 @@ EPISODES = Source(
     as_of_sql="ended_at <= {as_of}",
     text_sql="(title || ' ' || summary)",
     tsv_sql="search_tsv",
-    order_sql="episode_id",
-    to_hit=_episode_hit,
 )
 
 MESSAGES = Source(
     kind=ItemKind.MESSAGE,
     table="messages",
-    columns=(
-        "tenant_id, user_id, persona_id, agent_id, session_id, message_id, sender_id, role,"
-        " text, sent_at"
+    select_list=_select_list(
+        ItemKind.MESSAGE,
+        {
+            "item_id": "message_id",
+            "item_text": "text",
+            "session_id": "session_id",
+            "occurred_at": "sent_at",
+            "tenant_id": "tenant_id",
+            "user_id": "user_id",
+            "persona_id": "persona_id",
+            "agent_id": "agent_id",
+            "shared_all_agents": "false",
+            "shared_all_personas": "false",
+            "sender_id": "sender_id",
+            "role": "role",
+            "pinned": "false",
+        },
     ),
     scope_sql=_EXACT_SCOPE,
     current_sql=_NOT_EXPIRED,
@@ -152,8 +214,8 @@ MESSAGES = Source(
     # The message with its neighbours and date (built by the workers, migration 0004); the
     # message alone until they have indexed it.
     tsv_sql="coalesce(context_tsv, search_tsv)",
-    order_sql="session_id, message_id",
-    to_hit=_message_hit,
 )
 
 SOURCES: dict[ItemKind, Source] = {s.kind: s for s in (FACTS, EPISODES, MESSAGES)}
+# Deterministic order among equal scores, in every leg (output column names).
+TIE_BREAK_SQL = "kind, session_id, item_id"

@@ -43,7 +43,11 @@ def recall_response(result: RecallResult) -> pb.RecallResponse:
             session_id=hit.session_id,
             occurred_at=timestamp(hit.occurred_at),
             sender_id=hit.sender_id,
-            role=_ROLES.get(hit.role, pb.MESSAGE_ROLE_UNSPECIFIED),
+            role=(
+                _ROLES.get(hit.role, pb.MESSAGE_ROLE_UNSPECIFIED)
+                if hit.kind is ItemKind.MESSAGE
+                else pb.MESSAGE_ROLE_UNSPECIFIED
+            ),
         )
         if hit.memory is not None:
             item.memory.CopyFrom(memory(hit.memory))
