@@ -227,7 +227,7 @@ class PrefetchService:
         if wire.text:
             text = f"{packet.header(query.session_id)}\n\n{wire.text}"
         timings.total_ms = (time.perf_counter() - started) * 1000
-        _observe(timings, status)
+        _observe(timings, status, degraded=wire.degraded)
         return PrefetchResult(text=text, wire=wire, cache=status, timings=timings)
 
     async def _build(
@@ -490,8 +490,10 @@ def _empty(version: int, *, degraded: bool) -> Packet:
     )
 
 
-def _observe(timings: PrefetchTimings, status: CacheStatus) -> None:
+def _observe(timings: PrefetchTimings, status: CacheStatus, *, degraded: bool) -> None:
     metrics.PREFETCH_CACHE.labels(status.value).inc()
+    if degraded:
+        metrics.PREFETCH_DEGRADED.inc()
     for stage, ms in (
         ("cache", timings.cache_ms),
         ("embed", timings.embed_ms),
