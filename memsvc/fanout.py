@@ -50,8 +50,23 @@ class LegRunner:
     mid-flight and their errors are retrieved (an unretrieved one is an event-loop warning).
     """
 
+    # Weight of the newest lateness observation in the moving average.
+    LATENESS_ALPHA = 0.2
+    # The reserve never takes more than this share of a budget.
+    MAX_RESERVE_SHARE = 0.25
+
     def __init__(self) -> None:
         self._stragglers: set[asyncio.Task[Any]] = set()
+        # How late the event loop woke this runner at a budget's end, on average. On a
+        # saturated loop every timer fires late, and so does everything after it (fusing,
+        # serializing, sending): runs then stop their legs that much earlier, so answers
+        # still leave before the caller's deadline.
+        self._lateness_s = 0.0
+
+    @property
+    def reserve_s(self) -> float:
+        """Time kept back from each budget for a late-waking loop (twice the average)."""
+        return 2 * self._lateness_s
 
     @property
     def stragglers(self) -> int:
@@ -63,6 +78,7 @@ class LegRunner:
     ) -> dict[str, LegResult[T]]:
         """Run every leg; return each one's result once all finished or the budget ran out."""
         started = time.perf_counter()
+        wait_s = max(0.0, budget_s - min(self.reserve_s, budget_s * self.MAX_RESERVE_SHARE))
         finished_at: dict[str, float] = {}
         tasks: dict[str, asyncio.Task[T]] = {}
         for name, coro in legs.items():
@@ -71,12 +87,19 @@ class LegRunner:
             tasks[name] = task
         try:
             if tasks:
-                await asyncio.wait(tasks.values(), timeout=max(0.0, budget_s))
+                await asyncio.wait(tasks.values(), timeout=wait_s)
         except asyncio.CancelledError:
             # The call itself was cancelled: take every leg down with it, then re-raise.
             self._abandon(t for t in tasks.values() if not t.done())
             raise
         now = time.perf_counter()
+        if any(not t.done() for t in tasks.values()):
+            # Woken by the timeout: how late was the loop?
+            late_s = max(0.0, now - started - wait_s)
+            self._lateness_s += self.LATENESS_ALPHA * (late_s - self._lateness_s)
+        else:
+            # Nothing to measure; let the estimate fade once the loop is no longer late.
+            self._lateness_s *= 1 - self.LATENESS_ALPHA
         results: dict[str, LegResult[T]] = {}
         for name, task in tasks.items():
             elapsed_ms = (finished_at.get(name, now) - started) * 1000

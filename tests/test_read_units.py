@@ -5,6 +5,7 @@ runner and the in-flight limit."""
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -598,3 +599,27 @@ async def test_query_embedder_drops_a_query_whose_caller_gave_up() -> None:
     await first
     await asyncio.sleep(0.06)
     assert seen == ["running"]
+
+
+async def test_leg_runner_keeps_back_what_a_late_loop_costs() -> None:
+    runner = LegRunner()
+    assert runner.reserve_s == 0.0
+
+    async def hog() -> None:
+        await asyncio.sleep(0.02)
+        time.sleep(0.06)  # noqa: ASYNC251 (blocks the loop past the budget, like a busy CPU)
+        await asyncio.sleep(10)
+
+    for _ in range(3):
+        await runner.run({"hog": hog()}, budget_s=0.05)
+    assert runner.reserve_s > 0.02
+    # The next budget ends earlier by the reserve (at most a quarter of it).
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await runner.run({"slow": asyncio.sleep(10)}, budget_s=0.2)
+    assert loop.time() - started < 0.2
+    # Runs that finish in time let the estimate fade.
+    before = runner.reserve_s
+    await runner.run({"quick": asyncio.sleep(0)}, budget_s=1)
+    assert runner.reserve_s < before
+    await runner.aclose()
