@@ -99,14 +99,15 @@ async def test_one_speakers_failure_never_rolls_back_another(caller: Caller, ser
         caller, [msg("alice", "I live in Oslo."), msg("bob", "I work at Equinor.")]
     )
     flaky = FailingFor({"bob"}, times=1)
-    worker = make_worker(server, flaky, backoff_base_s=0.01)
+    # A retry delay (0.5-1.5 s) longer than one drain, so the first drain ends after one attempt.
+    worker = make_worker(server, flaky, backoff_base_s=1.0)
     await worker.drain()
     first = await status(caller, reply.ingest_id)
     assert first.state == pb.INGEST_STATE_PENDING
     assert first.attempts == 1 and first.last_error == "SpeakerFailures"
     assert await contents(caller, "alice") == ["Lives in Oslo"]
     assert await contents(caller, "bob") == []
-    await drain_all(worker, rounds=5)
+    await drain_all(worker, rounds=20, pause_s=0.1)
     done = await status(caller, reply.ingest_id)
     assert done.state == pb.INGEST_STATE_DONE and done.attempts == 2
     # Alice was not processed twice; the outcome still counts both speakers once.
