@@ -124,6 +124,9 @@ class Settings:
     worker_backoff_base_s: float = 2.0
     worker_sweep_interval_s: float = 15.0
     reconcile_interval_s: float = 60.0
+    # Workers embed in batches at low priority: a busy machine must not turn that into
+    # unembedded messages (the online embed_timeout_ms is for one query).
+    worker_embed_timeout_s: float = 30.0
 
     # Read path: Recall and Prefetch. No deadline on the call -> these defaults.
     recall_default_deadline_ms: int = 800
@@ -277,6 +280,7 @@ class Settings:
             "WORKER_BACKOFF_BASE_S": "worker_backoff_base_s",
             "WORKER_SWEEP_INTERVAL_S": "worker_sweep_interval_s",
             "RECONCILE_INTERVAL_S": "reconcile_interval_s",
+            "WORKER_EMBED_TIMEOUT_S": "worker_embed_timeout_s",
             "HALF_LIFE_DAYS": "half_life_days",
             "TENANT_RATE_PER_S": "tenant_rate_per_s",
         }

@@ -56,7 +56,7 @@ def pipeline_settings(settings: Settings) -> PipelineSettings:
         max_facts_per_episode=settings.max_facts_per_episode,
         daily_quota=settings.daily_fact_quota,
         user_id_pattern=settings.user_id_pattern,
-        embed_timeout_s=settings.embed_timeout_ms / 1000,
+        embed_timeout_s=settings.worker_embed_timeout_s,
     )
 
 
