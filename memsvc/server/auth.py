@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import asyncpg
 
-from memsvc.errors import Unauthenticated
+from memsvc.errors import ResourceExhausted, Unauthenticated
 from memsvc.storage.api_keys import hash_key, tenant_for_key
 
 # (key, value) pairs as grpc hands them over.
@@ -67,8 +67,18 @@ class Authenticator:
             tenant = cached[0]
         else:
             assert self._pool is not None
-            async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
+            try:
+                conn = await self._pool.acquire(timeout=self._acquire_timeout_s)
+            except TimeoutError:
+                # The pool is exhausted: say so (retryable), as every other pooled call does.
+                # Left to the handler, this TimeoutError would read as the caller's deadline.
+                raise ResourceExhausted(
+                    "every database connection is busy; retry shortly"
+                ) from None
+            try:
                 tenant = await tenant_for_key(conn, key)
+            finally:
+                await self._pool.release(conn)
             if len(self._cache) > 10_000:
                 self._cache.clear()
             self._cache[digest] = (tenant, now + self._ttl_s)
