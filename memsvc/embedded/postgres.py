@@ -23,6 +23,7 @@ from memsvc.embedded.process import (
 )
 from memsvc.embedded.service_user import (
     ServiceIdentity,
+    as_identity,
     grant_read_tree,
     grant_traversal,
     own_tree,
@@ -203,7 +204,7 @@ class EmbeddedPostgres:
         with self.log_path.open("ab") as log:
             try:
                 subprocess.run(
-                    command,
+                    as_identity(identity, command),
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -211,10 +212,6 @@ class EmbeddedPostgres:
                     env=child_env(),
                     timeout=deadline.remaining(),
                     check=True,
-                    user=None if identity is None else identity.uid,
-                    group=None if identity is None else identity.gid,
-                    # Drop root's supplementary groups along with the uid.
-                    extra_groups=None if identity is None else [],
                 )
             except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
                 raise EmbeddedServerError(
@@ -252,7 +249,7 @@ class EmbeddedPostgres:
         with self.log_path.open("ab") as log:
             try:
                 return subprocess.Popen(
-                    command,
+                    as_identity(identity, command),
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -261,10 +258,6 @@ class EmbeddedPostgres:
                     # Own session: a terminal Ctrl-C reaches only our process, which then stops
                     # the servers in order instead of racing their own SIGINT handling.
                     start_new_session=True,
-                    user=None if identity is None else identity.uid,
-                    group=None if identity is None else identity.gid,
-                    # Drop root's supplementary groups along with the uid.
-                    extra_groups=None if identity is None else [],
                 )
             except OSError as exc:
                 raise EmbeddedServerError(f"cannot start postgres: {exc}") from exc

@@ -7,6 +7,7 @@ import os
 import pwd
 import stat
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +17,12 @@ SERVICE_USER = "memsvc-pg"
 
 # useradd's exit status when the user already exists: another process won a creation race.
 _USERADD_EXISTS = 9
+
+# Run by a fresh interpreter: drop to the service user, then exec the real command (same pid).
+_DROP_AND_EXEC = (
+    "import os, sys; os.setgroups([]); os.setgid(int(sys.argv[2])); os.setuid(int(sys.argv[1]));"
+    " os.execv(sys.argv[3], sys.argv[3:])"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +43,20 @@ def service_identity(name: str = SERVICE_USER) -> ServiceIdentity | None:
         _create_user(name)
         entry = pwd.getpwnam(name)
     return ServiceIdentity(uid=entry.pw_uid, gid=entry.pw_gid)
+
+
+def as_identity(identity: ServiceIdentity | None, command: list[str]) -> list[str]:
+    """``command`` wrapped to run as ``identity`` (unchanged when None).
+
+    Not Popen(user=...): changing ids makes Popen fork() rather than vfork(), and a fork of a
+    process whose other threads are inside gRPC runs gRPC's atfork handlers in the child, which
+    then dies of SIGSEGV about one time in five (restarting PostgreSQL under a running memsvc,
+    as the fault tests do). The ids change after exec instead, in a single-threaded process.
+    """
+    if identity is None:
+        return command
+    uid, gid = str(identity.uid), str(identity.gid)
+    return [sys.executable, "-I", "-S", "-c", _DROP_AND_EXEC, uid, gid, *command]
 
 
 def _create_user(name: str) -> None:
