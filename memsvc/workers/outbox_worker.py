@@ -28,6 +28,15 @@ from memsvc.storage.outbox import Job
 log = logging.getLogger(__name__)
 
 CHANNEL = "memsvc_outbox"
+# What a database outage raises from a pool or a connection (a session the server ended can
+# also surface as an interface or internal client error). The loops outlive all of these.
+DATABASE_DOWN = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+    OSError,
+    TimeoutError,
+)
 
 
 @dataclass(frozen=True)
@@ -104,6 +113,11 @@ class OutboxWorker:
 
         def finished(t: asyncio.Task[object]) -> None:
             self._jobs.discard(t)
+            if not t.cancelled() and (exc := t.exception()) is not None:
+                # Its final state could not be written (the database went away): the job stays
+                # leased, and is claimed again when the lease ends. Retrieved here, as nobody
+                # awaits the task.
+                log.warning("ingest %s ended unrecorded: %s", job.ingest_id, type(exc).__name__)
             # The job's final state is written and its slot is free: claim the next due job
             # now (possibly the same user's next one), not at the next sweep.
             self._wake.set()
@@ -130,6 +144,11 @@ class OutboxWorker:
         async def drain() -> None:
             try:
                 await self._claim_and_run(tenant_id=tenant_id, user_id=user_id)
+            except DATABASE_DOWN as exc:
+                # Best effort, and nobody awaits this task: an escaping error would only be
+                # logged as never retrieved, once per read while the database is down. The
+                # sweep claims the user's work when it is back.
+                log.info("drain for a reading user skipped: %s", type(exc).__name__)
             finally:
                 self._kicked.discard(key)
 
@@ -157,7 +176,7 @@ class OutboxWorker:
             try:
                 await self._claim_and_run()
                 await self._maybe_periodic()
-            except (asyncpg.PostgresError, OSError, TimeoutError) as exc:
+            except DATABASE_DOWN as exc:
                 log.warning("worker loop: %s; retrying", type(exc).__name__)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=self._settings.sweep_interval_s)
@@ -190,7 +209,7 @@ class OutboxWorker:
                 # Jobs may have arrived while we were not listening.
                 self._wake.set()
                 await lost.wait()
-            except (asyncpg.PostgresError, OSError, TimeoutError) as exc:
+            except DATABASE_DOWN as exc:
                 log.info("outbox listener unavailable (%s); retrying", type(exc).__name__)
             finally:
                 if conn is not None and not conn.is_closed():
