@@ -18,6 +18,9 @@ def map_db_error(exc: BaseException) -> MemsvcError | None:
         | asyncpg.CannotConnectNowError
         | asyncpg.AdminShutdownError
         | asyncpg.CrashShutdownError
+        # A connection whose protocol is stuck mid-message, e.g. the server terminated the
+        # session (shutdown) between two queries of one leg; another connection will do.
+        | asyncpg.InternalClientError
         | ConnectionError
         | OSError,
     ):
