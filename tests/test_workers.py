@@ -447,3 +447,19 @@ async def test_reconcile_repairs_a_failed_embedding(caller: Caller, server, pool
         if row["embedding_state"] == "ok":
             break
     assert row["embedding_state"] == "ok" and row["has"]
+
+
+async def test_drain_waits_for_what_the_background_loop_took(
+    caller: Caller, server_with_worker
+) -> None:  # type: ignore[no-untyped-def]
+    """`memsvc worker --once` and tests drain while the same worker's loop also claims: drain
+    must not return while one user's later jobs still wait behind a job the loop holds."""
+    replies = [
+        await ingest(caller, [msg("alice", f"I love sport {i}.")], session=f"s{i}")
+        for i in range(4)
+    ]
+    worker = server_with_worker.runtime.worker
+    assert worker is not None
+    await worker.drain()
+    states = [(await status(caller, r.ingest_id)).state for r in replies]
+    assert states == [pb.INGEST_STATE_DONE] * len(replies)

@@ -83,6 +83,8 @@ class OutboxWorker:
         self._tasks: set[asyncio.Task[object]] = set()
         self._jobs: set[asyncio.Task[object]] = set()
         self._kicked: set[tuple[str, str]] = set()
+        # Claims in flight: a job being claimed is not yet in _jobs, but is work in progress.
+        self._claiming = 0
         self._rng = random.Random()
         self._last_periodic = 0.0
 
@@ -159,8 +161,11 @@ class OutboxWorker:
         total = 0
         while True:
             claimed = await self._claim_and_run()
+            # Jobs the background loop of this worker took meanwhile count as work in
+            # progress: their user's next job becomes claimable only once they finish.
+            busy = bool(self._jobs) or self._claiming > 0
             await self._wait_jobs()
-            if claimed == 0:
+            if claimed == 0 and not busy:
                 return total
             total += claimed
 
@@ -230,19 +235,23 @@ class OutboxWorker:
                     return claimed
                 await asyncio.wait(set(self._jobs), return_when=asyncio.FIRST_COMPLETED)
                 continue
-            async with self._pool.acquire() as conn:
-                jobs = await outbox.claim(
-                    conn,
-                    worker_id=self.worker_id,
-                    lease_s=self._settings.lease_s,
-                    limit=free,
-                    tenant_id=tenant_id,
-                    user_id=user_id,
-                )
+            self._claiming += 1
+            try:
+                async with self._pool.acquire() as conn:
+                    jobs = await outbox.claim(
+                        conn,
+                        worker_id=self.worker_id,
+                        lease_s=self._settings.lease_s,
+                        limit=free,
+                        tenant_id=tenant_id,
+                        user_id=user_id,
+                    )
+                for job in jobs:
+                    self._spawn_job(job)
+            finally:
+                self._claiming -= 1
             if not jobs:
                 return claimed
-            for job in jobs:
-                self._spawn_job(job)
             claimed += len(jobs)
             if user_id is not None:
                 # One user's jobs run oldest first, one at a time: wait before claiming more.
