@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PROTO_SRC := protos/memsvc/v1/memory.proto
 
-.PHONY: install run test lint proto bench image clean
+.PHONY: install run test lint proto bench soak image clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -37,6 +37,11 @@ proto: install
 bench: install
 	$(BIN)/python -m bench.remember $(BENCH_ARGS)
 	$(BIN)/python -m bench.recall $(RECALL_ARGS)
+
+## Soak: mixed Recall/Prefetch/Ingest at a fixed open-loop rate (default 5 min at 40/s; SOAK_ARGS,
+## e.g. SOAK_ARGS="--minutes 3"); latency per window, errors, server RSS, Ingest exactly once.
+soak: install
+	$(BIN)/python -m bench.soak $(SOAK_ARGS)
 
 image:
 	docker build -t memsvc:dev .

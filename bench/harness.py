@@ -36,6 +36,8 @@ class Target:
     pg_dsn: str
     redis_url: str
     api_key: str
+    # The `memsvc serve` process (its RSS, for the soak).
+    server_pid: int = 0
 
 
 @contextmanager
@@ -71,7 +73,7 @@ def served_stack(extra_env: dict[str, str] | None = None) -> Iterator[Target]:
             )
             try:
                 _wait_serving(port, proc)
-                yield Target(port, dsn, url, api_key)
+                yield Target(port, dsn, url, api_key, server_pid=proc.pid)
             finally:
                 proc.send_signal(signal.SIGTERM)
                 try:
