@@ -93,6 +93,11 @@ class MemsvcServer:
                     ),
                     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                     ("grpc.so_reuseport", 0),
+                    # Gateways keep one connection warm between calls with keepalive pings
+                    # (memsvc.client pings every 30 s); the default (one per 5 min without a
+                    # call) would answer them with GOAWAY too_many_pings.
+                    ("grpc.keepalive_permit_without_calls", 1),
+                    ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
                 ],
             )
             memory_pb2_grpc.add_MemoryServiceServicer_to_server(servicer, server)

@@ -1,0 +1,302 @@
+"""MemoryClient: one reused grpc.aio channel, API key and request id per call, deadline presets,
+retries only where they are safe, and ``ingest_nowait`` for turns that must not wait."""
+
+# ASYNC109: ``timeout`` is not a local timer but the gRPC deadline the server reads and budgets
+# its own work by; asyncio.timeout around the call could not send it.
+# ruff: noqa: ASYNC109
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+import grpc
+
+from memsvc.client.background import IngestFailure, IngestQueue, IngestQueueStats
+from memsvc.client.errors import from_rpc_error
+from memsvc.client.presets import Preset, timeout_s
+from memsvc.client.retry import RetryPolicy, backoff_ms, retry_after_ms
+from memsvc.v1 import memory_pb2 as pb
+from memsvc.v1 import memory_pb2_grpc as pb_grpc
+
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+
+API_KEY_HEADER = "x-api-key"
+REQUEST_ID_HEADER = "x-request-id"
+# An attempt with less than this left would only come back DEADLINE_EXCEEDED.
+MIN_ATTEMPT_S = 0.005
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+def channel_options(keepalive_time_ms: int, keepalive_timeout_ms: int) -> list[tuple[str, int]]:
+    """Keepalive that keeps an idle gateway connection warm between calls (memsvc's server
+    accepts a ping every 10 s without calls; go lower and it closes the connection)."""
+    return [
+        ("grpc.keepalive_time_ms", keepalive_time_ms),
+        ("grpc.keepalive_timeout_ms", keepalive_timeout_ms),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+    ]
+
+
+class MemoryClient:
+    """An asyncio client for memsvc. Create one per process and share it; ``aclose()`` at exit.
+
+    Every method takes the proto request and returns the proto response. A failed call raises
+    ``MemsvcCallError`` (code, details, request id). ``preset`` ("voice" 200 ms, "chat" 800 ms)
+    or ``timeout`` (seconds) bounds the whole call, retries included.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        api_key: str | None = None,
+        default_preset: Preset = "chat",
+        retry: RetryPolicy | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+        interceptors: Sequence[grpc.aio.ClientInterceptor] | None = None,
+        keepalive_time_ms: int = 30_000,
+        keepalive_timeout_ms: int = 5_000,
+        ingest_queue_size: int = 1000,
+        ingest_senders: int = 2,
+        ingest_nowait_timeout_s: float = 5.0,
+        on_ingest_failure: Callable[[IngestFailure], None] | None = None,
+    ) -> None:
+        options = channel_options(keepalive_time_ms, keepalive_timeout_ms)
+        if credentials is None:
+            self._channel = grpc.aio.insecure_channel(
+                target, options=options, interceptors=interceptors
+            )
+        else:
+            self._channel = grpc.aio.secure_channel(
+                target, credentials, options=options, interceptors=interceptors
+            )
+        self._stub = pb_grpc.MemoryServiceStub(self._channel)
+        self._api_key = api_key
+        self._default_preset = default_preset
+        self._retry = retry or RetryPolicy()
+        self._random = random.Random()
+        self._ingest_nowait_timeout_s = ingest_nowait_timeout_s
+        self._queue = IngestQueue(
+            self._send_background,
+            maxsize=ingest_queue_size,
+            senders=ingest_senders,
+            on_failure=on_ingest_failure,
+        )
+
+    async def __aenter__(self) -> MemoryClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    @property
+    def ingest_stats(self) -> IngestQueueStats:
+        """Counters of the ``ingest_nowait`` queue (submitted, sent, failed, overflowed...)."""
+        return self._queue.stats
+
+    async def aclose(self, flush_timeout_s: float = 2.0) -> None:
+        """Flush queued ``ingest_nowait`` work for up to ``flush_timeout_s``, then close."""
+        try:
+            await self._queue.aclose(flush_timeout_s)
+        finally:
+            await self._channel.close(None)
+
+    # -- reads: retried on UNAVAILABLE / RESOURCE_EXHAUSTED ----------------------------------
+
+    async def prefetch(
+        self,
+        request: pb.PrefetchRequest,
+        *,
+        preset: Preset | None = None,
+        timeout: float | None = None,
+        request_id: str | None = None,
+    ) -> pb.PrefetchResponse:
+        return await self._call(
+            "Prefetch", self._stub.Prefetch, request, True, preset, timeout, request_id
+        )
+
+    async def recall(
+        self,
+        request: pb.RecallRequest,
+        *,
+        preset: Preset | None = None,
+        timeout: float | None = None,
+        request_id: str | None = None,
+    ) -> pb.RecallResponse:
+        return await self._call(
+            "Recall", self._stub.Recall, request, True, preset, timeout, request_id
+        )
+
+    async def get_ingest_status(
+        self,
+        request: pb.GetIngestStatusRequest,
+        *,
+        preset: Preset | None = None,
+        timeout: float | None = None,
+        request_id: str | None = None,
+    ) -> pb.IngestStatus:
+        return await self._call(
+            "GetIngestStatus",
+            self._stub.GetIngestStatus,
+            request,
+            True,
+            preset,
+            timeout,
+            request_id,
+        )
+
+    async def list_memories(
+        self,
+        request: pb.ListMemoriesRequest,
+        *,
+        preset: Preset | None = None,
+        timeout: float | None = None,
+        request_id: str | None = None,
+    ) -> pb.ListMemoriesResponse:
+        return await self._call(
+            "ListMemories", self._stub.ListMemories, request, True, preset, timeout, request_id
+        )
+
+    async def get_memory_history(
+        self,
+        request: pb.GetMemoryHistoryRequest,
+        *,
+        preset: Preset | None = None,
+        timeout: float | None = None,
+        request_id: str | None = None,
+    ) -> pb.GetMemoryHistoryResponse:
+        return await self._call(
+            "GetMemoryHistory",
+            self._stub.GetMemoryHistory,
+            request,
+            True,
+            preset,
+            timeout,
+            request_id,
+        )
+
+    # -- Ingest: retried, because the idempotency key makes a repeat harmless -----------------
+
+    async def ingest(
+        self,
+        request: pb.IngestRequest,
+        *,
+        preset: Preset | None = None,
+        timeout: float | None = None,
+        request_id: str | None = None,
+    ) -> pb.IngestResponse:
+        """Store a turn's messages. Without an ``idempotency_key`` one is generated, and every
+        retry reuses it: a retry after a lost reply answers ``duplicate: true``, the same
+        ``ingest_id``, and stores nothing twice."""
+        return await self._call(
+            "Ingest", self._stub.Ingest, with_key(request), True, preset, timeout, request_id
+        )
+
+    def ingest_nowait(self, request: pb.IngestRequest) -> bool:
+        """Hand an Ingest to the background queue and return at once (never raises for the
+        call's outcome). False when it was not queued (full or closed): ``on_ingest_failure``
+        was told. The key is fixed here, so the background retries reuse it."""
+        return self._queue.submit(with_key(request))
+
+    async def _send_background(self, request: pb.IngestRequest) -> object:
+        return await self.ingest(request, timeout=self._ingest_nowait_timeout_s)
+
+    # -- writes that are never retried: a repeat could apply twice ----------------------------
+
+    async def remember(
+        self,
+        request: pb.RememberRequest,
+        *,
+        preset: Preset | None = None,
+        timeout: float | None = None,
+        request_id: str | None = None,
+    ) -> pb.RememberResponse:
+        return await self._call(
+            "Remember", self._stub.Remember, request, False, preset, timeout, request_id
+        )
+
+    async def correct(
+        self,
+        request: pb.CorrectRequest,
+        *,
+        preset: Preset | None = None,
+        timeout: float | None = None,
+        request_id: str | None = None,
+    ) -> pb.Memory:
+        return await self._call(
+            "Correct", self._stub.Correct, request, False, preset, timeout, request_id
+        )
+
+    async def forget(
+        self,
+        request: pb.ForgetRequest,
+        *,
+        preset: Preset | None = None,
+        timeout: float | None = None,
+        request_id: str | None = None,
+    ) -> pb.ForgetResponse:
+        return await self._call(
+            "Forget", self._stub.Forget, request, False, preset, timeout, request_id
+        )
+
+    # -- the one call path --------------------------------------------------------------------
+
+    async def _call(
+        self,
+        rpc: str,
+        method: grpc.aio.UnaryUnaryMultiCallable[Req, Resp],
+        request: Req,
+        retryable: bool,
+        preset: Preset | None,
+        timeout: float | None,
+        request_id: str | None,
+    ) -> Resp:
+        # One budget for the whole call: each attempt gets what is left, never a fresh timer.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s(preset or self._default_preset, timeout)
+        rid = request_id or new_request_id()
+        metadata = grpc.aio.Metadata((REQUEST_ID_HEADER, rid))
+        if self._api_key is not None:
+            metadata.add(API_KEY_HEADER, self._api_key)
+        attempts = self._retry.max_attempts if retryable else 1
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                # The server reads the deadline from the call: each attempt sends what is left.
+                return await method(request, timeout=deadline - loop.time(), metadata=metadata)
+            except grpc.aio.AioRpcError as exc:
+                error = from_rpc_error(exc, rpc=rpc, request_id=rid, attempts=attempt)
+                if attempt >= attempts or exc.code() not in self._retry.retryable:
+                    raise error from exc
+                delay_s = (
+                    backoff_ms(
+                        self._retry,
+                        attempt,
+                        self._random.random(),
+                        retry_after_ms(exc.trailing_metadata()),
+                    )
+                    / 1000
+                )
+                if deadline - loop.time() - delay_s < MIN_ATTEMPT_S:
+                    raise error from exc
+                await asyncio.sleep(delay_s)
+
+
+def with_key(request: pb.IngestRequest) -> pb.IngestRequest:
+    """``request`` with an idempotency key: its own, or a copy carrying a fresh one."""
+    if request.idempotency_key:
+        return request
+    keyed = pb.IngestRequest()
+    keyed.CopyFrom(request)
+    keyed.idempotency_key = f"auto-{uuid.uuid4().hex}"
+    return keyed
