@@ -24,9 +24,23 @@ run: install
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-lint: install
-	$(BIN)/ruff check memsvc tests bench
+## buf CLI pinned by tools/buf/package-lock.json, installed locally (never globally) with npm ci.
+BUF := tools/buf/node_modules/.bin/buf
+## The contract `buf breaking` compares with: the tip of main (on a branch: everything the branch
+## changes; on main: uncommitted edits). Works on a fresh clone where main is the only branch.
+## To check the last commit on main itself (needs history): BUF_AGAINST='.git#ref=HEAD~1,subdir=protos'
+BUF_AGAINST ?= .git\#branch=main,subdir=protos
+
+$(BUF): tools/buf/package.json tools/buf/package-lock.json
+	cd tools/buf && npm ci --no-audit --no-fund
+	touch $(BUF)
+
+lint: install $(BUF)
+	$(BIN)/ruff check memsvc tests bench examples
+	$(BIN)/ruff format --check memsvc tests bench examples
 	$(BIN)/mypy memsvc
+	$(BUF) lint protos
+	$(BUF) breaking protos --against '$(BUF_AGAINST)'
 
 ## Regenerate the Python code and type stubs from protos/ (committed).
 proto: install
