@@ -39,14 +39,21 @@ class _MemoryStatus:
 class _MemoryStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_MemoryStatus.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     MEMORY_STATUS_UNSPECIFIED: _MemoryStatus.ValueType  # 0
+    """Never sent by memsvc."""
     MEMORY_STATUS_ACTIVE: _MemoryStatus.ValueType  # 1
+    """Current: returned by reads unless `as_of` asks for another time."""
     MEMORY_STATUS_SUPERSEDED: _MemoryStatus.ValueType  # 2
+    """Replaced by a correction or an update; kept in history with invalid_at."""
 
-class MemoryStatus(_MemoryStatus, metaclass=_MemoryStatusEnumTypeWrapper): ...
+class MemoryStatus(_MemoryStatus, metaclass=_MemoryStatusEnumTypeWrapper):
+    """Whether a memory still holds."""
 
 MEMORY_STATUS_UNSPECIFIED: MemoryStatus.ValueType  # 0
+"""Never sent by memsvc."""
 MEMORY_STATUS_ACTIVE: MemoryStatus.ValueType  # 1
+"""Current: returned by reads unless `as_of` asks for another time."""
 MEMORY_STATUS_SUPERSEDED: MemoryStatus.ValueType  # 2
+"""Replaced by a correction or an update; kept in history with invalid_at."""
 Global___MemoryStatus: _TypeAlias = MemoryStatus  # noqa: Y015
 
 class _CacheStatus:
@@ -56,22 +63,25 @@ class _CacheStatus:
 class _CacheStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_CacheStatus.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     CACHE_STATUS_UNSPECIFIED: _CacheStatus.ValueType  # 0
+    """Never sent by memsvc."""
     CACHE_STATUS_HIT: _CacheStatus.ValueType  # 1
-    """served from Redis"""
+    """Served from the Redis packet cache."""
     CACHE_STATUS_MISS: _CacheStatus.ValueType  # 2
-    """built from PostgreSQL and stored"""
+    """Built from PostgreSQL and stored in the cache."""
     CACHE_STATUS_BYPASSED: _CacheStatus.ValueType  # 3
-    """Redis down or slow: built from PostgreSQL, not stored"""
+    """Redis down or slow: built from PostgreSQL, not stored (the answer is still complete)."""
 
-class CacheStatus(_CacheStatus, metaclass=_CacheStatusEnumTypeWrapper): ...
+class CacheStatus(_CacheStatus, metaclass=_CacheStatusEnumTypeWrapper):
+    """Where a Prefetch packet came from."""
 
 CACHE_STATUS_UNSPECIFIED: CacheStatus.ValueType  # 0
+"""Never sent by memsvc."""
 CACHE_STATUS_HIT: CacheStatus.ValueType  # 1
-"""served from Redis"""
+"""Served from the Redis packet cache."""
 CACHE_STATUS_MISS: CacheStatus.ValueType  # 2
-"""built from PostgreSQL and stored"""
+"""Built from PostgreSQL and stored in the cache."""
 CACHE_STATUS_BYPASSED: CacheStatus.ValueType  # 3
-"""Redis down or slow: built from PostgreSQL, not stored"""
+"""Redis down or slow: built from PostgreSQL, not stored (the answer is still complete)."""
 Global___CacheStatus: _TypeAlias = CacheStatus  # noqa: Y015
 
 class _ItemType:
@@ -81,22 +91,25 @@ class _ItemType:
 class _ItemTypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ItemType.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     ITEM_TYPE_UNSPECIFIED: _ItemType.ValueType  # 0
+    """Not a valid filter value."""
     ITEM_TYPE_FACT: _ItemType.ValueType  # 1
-    """durable memories"""
+    """Durable memories (RecallItem.memory is set)."""
     ITEM_TYPE_EPISODE: _ItemType.ValueType  # 2
-    """session summaries"""
+    """Session summaries written by the extraction workers."""
     ITEM_TYPE_MESSAGE: _ItemType.ValueType  # 3
-    """the searchable conversation history"""
+    """The searchable conversation history (from Ingest, once indexed by the workers)."""
 
-class ItemType(_ItemType, metaclass=_ItemTypeEnumTypeWrapper): ...
+class ItemType(_ItemType, metaclass=_ItemTypeEnumTypeWrapper):
+    """Kinds of items Recall searches."""
 
 ITEM_TYPE_UNSPECIFIED: ItemType.ValueType  # 0
+"""Not a valid filter value."""
 ITEM_TYPE_FACT: ItemType.ValueType  # 1
-"""durable memories"""
+"""Durable memories (RecallItem.memory is set)."""
 ITEM_TYPE_EPISODE: ItemType.ValueType  # 2
-"""session summaries"""
+"""Session summaries written by the extraction workers."""
 ITEM_TYPE_MESSAGE: ItemType.ValueType  # 3
-"""the searchable conversation history"""
+"""The searchable conversation history (from Ingest, once indexed by the workers)."""
 Global___ItemType: _TypeAlias = ItemType  # noqa: Y015
 
 class _RecallMode:
@@ -106,20 +119,25 @@ class _RecallMode:
 class _RecallModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RecallMode.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     RECALL_MODE_UNSPECIFIED: _RecallMode.ValueType  # 0
-    """HYBRID"""
+    """The default: same as HYBRID."""
     RECALL_MODE_HYBRID: _RecallMode.ValueType  # 1
-    """dense and lexical legs concurrently, fused by RRF"""
+    """Dense and lexical legs concurrently, fused by Reciprocal Rank Fusion."""
     RECALL_MODE_DENSE: _RecallMode.ValueType  # 2
+    """Vector similarity only (needs the query embedded, or query_vector)."""
     RECALL_MODE_LEXICAL: _RecallMode.ValueType  # 3
+    """PostgreSQL full text only (no embedding: the cheapest)."""
 
-class RecallMode(_RecallMode, metaclass=_RecallModeEnumTypeWrapper): ...
+class RecallMode(_RecallMode, metaclass=_RecallModeEnumTypeWrapper):
+    """How Recall searches."""
 
 RECALL_MODE_UNSPECIFIED: RecallMode.ValueType  # 0
-"""HYBRID"""
+"""The default: same as HYBRID."""
 RECALL_MODE_HYBRID: RecallMode.ValueType  # 1
-"""dense and lexical legs concurrently, fused by RRF"""
+"""Dense and lexical legs concurrently, fused by Reciprocal Rank Fusion."""
 RECALL_MODE_DENSE: RecallMode.ValueType  # 2
+"""Vector similarity only (needs the query embedded, or query_vector)."""
 RECALL_MODE_LEXICAL: RecallMode.ValueType  # 3
+"""PostgreSQL full text only (no embedding: the cheapest)."""
 Global___RecallMode: _TypeAlias = RecallMode  # noqa: Y015
 
 class _MessageRole:
@@ -129,21 +147,33 @@ class _MessageRole:
 class _MessageRoleEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_MessageRole.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     MESSAGE_ROLE_UNSPECIFIED: _MessageRole.ValueType  # 0
+    """Invalid in requests (INVALID_ARGUMENT)."""
     MESSAGE_ROLE_USER: _MessageRole.ValueType  # 1
+    """A human; only USER senders with a valid user id accrue memories."""
     MESSAGE_ROLE_ASSISTANT: _MessageRole.ValueType  # 2
+    """The agent; context for extraction, never a source of memories about itself."""
     MESSAGE_ROLE_SYSTEM: _MessageRole.ValueType  # 3
+    """System text; stored, never a source of memories."""
     MESSAGE_ROLE_TOOL: _MessageRole.ValueType  # 4
+    """Tool output; stored, never a source of memories."""
 
 class MessageRole(_MessageRole, metaclass=_MessageRoleEnumTypeWrapper):
     """---------------------------------------------------------------------------
     Write path: Ingest and GetIngestStatus.
+
+    Who spoke a message.
     """
 
 MESSAGE_ROLE_UNSPECIFIED: MessageRole.ValueType  # 0
+"""Invalid in requests (INVALID_ARGUMENT)."""
 MESSAGE_ROLE_USER: MessageRole.ValueType  # 1
+"""A human; only USER senders with a valid user id accrue memories."""
 MESSAGE_ROLE_ASSISTANT: MessageRole.ValueType  # 2
+"""The agent; context for extraction, never a source of memories about itself."""
 MESSAGE_ROLE_SYSTEM: MessageRole.ValueType  # 3
+"""System text; stored, never a source of memories."""
 MESSAGE_ROLE_TOOL: MessageRole.ValueType  # 4
+"""Tool output; stored, never a source of memories."""
 Global___MessageRole: _TypeAlias = MessageRole  # noqa: Y015
 
 class _IngestState:
@@ -153,20 +183,29 @@ class _IngestState:
 class _IngestStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_IngestState.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     INGEST_STATE_UNSPECIFIED: _IngestState.ValueType  # 0
+    """Never sent by memsvc."""
     INGEST_STATE_PENDING: _IngestState.ValueType  # 1
+    """Queued, or waiting for a retry after a failure."""
     INGEST_STATE_PROCESSING: _IngestState.ValueType  # 2
+    """A worker holds it (under a lease) and is extracting."""
     INGEST_STATE_DONE: _IngestState.ValueType  # 3
+    """Extraction finished; outcome says what it did."""
     INGEST_STATE_DEAD: _IngestState.ValueType  # 4
-    """gave up after the configured attempts; nothing was written"""
+    """Gave up after MEMSVC_WORKER_MAX_ATTEMPTS (default 5); nothing was written."""
 
-class IngestState(_IngestState, metaclass=_IngestStateEnumTypeWrapper): ...
+class IngestState(_IngestState, metaclass=_IngestStateEnumTypeWrapper):
+    """Lifecycle of an Ingest job."""
 
 INGEST_STATE_UNSPECIFIED: IngestState.ValueType  # 0
+"""Never sent by memsvc."""
 INGEST_STATE_PENDING: IngestState.ValueType  # 1
+"""Queued, or waiting for a retry after a failure."""
 INGEST_STATE_PROCESSING: IngestState.ValueType  # 2
+"""A worker holds it (under a lease) and is extracting."""
 INGEST_STATE_DONE: IngestState.ValueType  # 3
+"""Extraction finished; outcome says what it did."""
 INGEST_STATE_DEAD: IngestState.ValueType  # 4
-"""gave up after the configured attempts; nothing was written"""
+"""Gave up after MEMSVC_WORKER_MAX_ATTEMPTS (default 5); nothing was written."""
 Global___IngestState: _TypeAlias = IngestState  # noqa: Y015
 
 @_typing.final
@@ -214,7 +253,9 @@ class Sharing(_message.Message):
     ALL_AGENTS_FIELD_NUMBER: _builtins.int
     ALL_PERSONAS_FIELD_NUMBER: _builtins.int
     all_agents: _builtins.bool
+    """Visible from every agent_id of the same user (and persona). Default false."""
     all_personas: _builtins.bool
+    """Visible from every persona_id of the same user. Default false."""
     def __init__(
         self,
         *,
@@ -231,6 +272,8 @@ Global___Sharing: _TypeAlias = Sharing  # noqa: Y015
 
 @_typing.final
 class Memory(_message.Message):
+    """One stored fact about a user, with its provenance and bitemporal validity."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     MEMORY_ID_FIELD_NUMBER: _builtins.int
@@ -256,12 +299,15 @@ class Memory(_message.Message):
     ORIGIN_FIELD_NUMBER: _builtins.int
     CORRECTION_REASON_FIELD_NUMBER: _builtins.int
     memory_id: _builtins.str
-    """UUID"""
+    """UUID assigned by memsvc; quote it in Correct, Forget and GetMemoryHistory."""
     content: _builtins.str
+    """The fact as one line of text (at most 2,000 chars)."""
     subject: _builtins.str
     """Optional triple; empty when the memory is free text."""
     predicate: _builtins.str
+    """Triple predicate (e.g. "lives_in"); empty for free text."""
     object: _builtins.str
+    """Triple object (e.g. "Lisbon"); empty for free text."""
     category: _builtins.str
     """From the configured closed vocabulary (default: preference, profile,
     relationship, goal, event, context).
@@ -271,13 +317,19 @@ class Memory(_message.Message):
     temporal, causal).
     """
     confidence: _builtins.float
-    """0..1"""
+    """0..1. 0.9 for an explicit Remember by default, 1.0 after a correction."""
     reinforced_count: _builtins.int
+    """How many times the same fact was stated again (starts at 0)."""
     pinned: _builtins.bool
+    """Pinned memories are always shown first in Prefetch packets."""
     supersedes_id: _builtins.str
+    """The version this one replaced; empty for a first version."""
     superseded_by_id: _builtins.str
+    """The version that replaced this one; empty while current."""
     session_id: _builtins.str
+    """The session it was learned in; empty when unknown."""
     status: Global___MemoryStatus.ValueType
+    """ACTIVE or SUPERSEDED."""
     origin: _builtins.str
     """Why it was written: "explicit" (Remember), "correction" (Correct),
     "extraction" (Ingest workers).
@@ -285,23 +337,29 @@ class Memory(_message.Message):
     correction_reason: _builtins.str
     """The reason given to Correct, on the row it created."""
     @_builtins.property
-    def scope(self) -> Global___Scope: ...
+    def scope(self) -> Global___Scope:
+        """Whose memory it is (exact scope of the write)."""
+
     @_builtins.property
     def valid_from(self) -> _timestamp_pb2.Timestamp:
-        """when the fact began to hold"""
+        """When the fact began to hold (UTC)."""
 
     @_builtins.property
     def invalid_at(self) -> _timestamp_pb2.Timestamp:
-        """unset while it holds"""
+        """When it stopped holding (UTC); unset while it holds."""
 
     @_builtins.property
     def recorded_at(self) -> _timestamp_pb2.Timestamp:
-        """when memsvc stored it"""
+        """When memsvc stored this version (UTC)."""
 
     @_builtins.property
-    def source_message_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def source_message_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The caller's message ids the fact came from (at most 100)."""
+
     @_builtins.property
-    def sharing(self) -> Global___Sharing: ...
+    def sharing(self) -> Global___Sharing:
+        """Declared sharing beyond the exact scope; unset means none."""
+
     def __init__(
         self,
         *,
@@ -338,6 +396,8 @@ Global___Memory: _TypeAlias = Memory  # noqa: Y015
 
 @_typing.final
 class RememberRequest(_message.Message):
+    """Store one memory now."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     SCOPE_FIELD_NUMBER: _builtins.int
@@ -354,26 +414,35 @@ class RememberRequest(_message.Message):
     SHARING_FIELD_NUMBER: _builtins.int
     VALID_FROM_FIELD_NUMBER: _builtins.int
     content: _builtins.str
-    """required, at most 2,000 chars"""
+    """Required, at most 2,000 chars, no control characters except line breaks."""
     category: _builtins.str
-    """default "context" """
+    """One of the configured categories; empty means "context"."""
     role: _builtins.str
-    """default "context" """
+    """One of the configured roles; empty means "context"."""
     confidence: _builtins.float
     """0..1; unset (0) means 0.9 for an explicit statement."""
     pinned: _builtins.bool
+    """Always shown first in Prefetch packets. Default false."""
     session_id: _builtins.str
+    """Optional session it was learned in (at most 128 chars)."""
     subject: _builtins.str
+    """Optional triple subject (set subject, predicate and object together, or none)."""
     predicate: _builtins.str
+    """Optional triple predicate."""
     object: _builtins.str
+    """Optional triple object."""
     @_builtins.property
-    def scope(self) -> Global___Scope: ...
-    @_builtins.property
-    def source_message_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """at most 100"""
+    def scope(self) -> Global___Scope:
+        """Required: whose memory."""
 
     @_builtins.property
-    def sharing(self) -> Global___Sharing: ...
+    def source_message_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The caller's message ids the fact came from: at most 100, each 1..128 chars."""
+
+    @_builtins.property
+    def sharing(self) -> Global___Sharing:
+        """Optional: make it visible to every agent and/or persona of the user."""
+
     @_builtins.property
     def valid_from(self) -> _timestamp_pb2.Timestamp:
         """When the fact began to hold; unset means now."""
@@ -405,6 +474,8 @@ Global___RememberRequest: _TypeAlias = RememberRequest  # noqa: Y015
 
 @_typing.final
 class RememberResponse(_message.Message):
+    """The stored (or reinforced) memory."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     MEMORY_FIELD_NUMBER: _builtins.int
@@ -412,7 +483,9 @@ class RememberResponse(_message.Message):
     reinforced: _builtins.bool
     """True when an identical active memory existed and was reinforced."""
     @_builtins.property
-    def memory(self) -> Global___Memory: ...
+    def memory(self) -> Global___Memory:
+        """The memory as stored now."""
+
     def __init__(
         self,
         *,
@@ -429,6 +502,8 @@ Global___RememberResponse: _TypeAlias = RememberResponse  # noqa: Y015
 
 @_typing.final
 class CorrectRequest(_message.Message):
+    """Replace one memory by corrected content."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     SCOPE_FIELD_NUMBER: _builtins.int
@@ -436,12 +511,15 @@ class CorrectRequest(_message.Message):
     NEW_CONTENT_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     memory_id: _builtins.str
+    """Required: the current version's memory_id (a superseded one is FAILED_PRECONDITION)."""
     new_content: _builtins.str
-    """required, at most 2,000 chars"""
+    """Required, at most 2,000 chars."""
     reason: _builtins.str
-    """optional, at most 500 chars"""
+    """Optional, at most 500 chars; stored as correction_reason."""
     @_builtins.property
-    def scope(self) -> Global___Scope: ...
+    def scope(self) -> Global___Scope:
+        """Required: the exact scope the memory lives in."""
+
     def __init__(
         self,
         *,
@@ -460,6 +538,8 @@ Global___CorrectRequest: _TypeAlias = CorrectRequest  # noqa: Y015
 
 @_typing.final
 class ForgetRequest(_message.Message):
+    """What to delete, for good. Set exactly one of memory_ids, all_in_scope, erase_user."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     SCOPE_FIELD_NUMBER: _builtins.int
@@ -474,7 +554,9 @@ class ForgetRequest(_message.Message):
     pending ingest work, counters, cached packets).
     """
     @_builtins.property
-    def scope(self) -> Global___Scope: ...
+    def scope(self) -> Global___Scope:
+        """Required: the exact scope (for erase_user, only user_id: persona and agent empty)."""
+
     @_builtins.property
     def memory_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Either memory_ids (at most 1,000) or all_in_scope, or erase_user."""
@@ -497,6 +579,8 @@ Global___ForgetRequest: _TypeAlias = ForgetRequest  # noqa: Y015
 
 @_typing.final
 class ForgetResponse(_message.Message):
+    """What Forget removed."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     DELETED_FIELD_NUMBER: _builtins.int
@@ -517,6 +601,8 @@ Global___ForgetResponse: _TypeAlias = ForgetResponse  # noqa: Y015
 
 @_typing.final
 class MemoryFilters(_message.Message):
+    """Optional narrowing of ListMemories; every set filter must match."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     CATEGORIES_FIELD_NUMBER: _builtins.int
@@ -524,11 +610,17 @@ class MemoryFilters(_message.Message):
     PINNED_ONLY_FIELD_NUMBER: _builtins.int
     SESSION_ID_FIELD_NUMBER: _builtins.int
     pinned_only: _builtins.bool
+    """Only pinned memories. Default false."""
     session_id: _builtins.str
+    """Only memories learned in this session (empty: all)."""
     @_builtins.property
-    def categories(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def categories(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Only these categories (empty: all)."""
+
     @_builtins.property
-    def roles(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def roles(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Only these roles (empty: all)."""
+
     def __init__(
         self,
         *,
@@ -547,6 +639,8 @@ Global___MemoryFilters: _TypeAlias = MemoryFilters  # noqa: Y015
 
 @_typing.final
 class ListMemoriesRequest(_message.Message):
+    """One page of one exact scope's memories, newest first."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     SCOPE_FIELD_NUMBER: _builtins.int
@@ -555,14 +649,19 @@ class ListMemoriesRequest(_message.Message):
     INCLUDE_SUPERSEDED_FIELD_NUMBER: _builtins.int
     FILTERS_FIELD_NUMBER: _builtins.int
     page_size: _builtins.int
-    """default 50, at most 500"""
+    """Default 50 (0), at most 500 (more is INVALID_ARGUMENT)."""
     page_token: _builtins.str
-    """from a previous response"""
+    """Empty for the first page, else next_page_token of the previous response (same filters)."""
     include_superseded: _builtins.bool
+    """Also list superseded versions. Default false (current ones only)."""
     @_builtins.property
-    def scope(self) -> Global___Scope: ...
+    def scope(self) -> Global___Scope:
+        """Required: the exact scope to list."""
+
     @_builtins.property
-    def filters(self) -> Global___MemoryFilters: ...
+    def filters(self) -> Global___MemoryFilters:
+        """Optional filters."""
+
     def __init__(
         self,
         *,
@@ -582,14 +681,18 @@ Global___ListMemoriesRequest: _TypeAlias = ListMemoriesRequest  # noqa: Y015
 
 @_typing.final
 class ListMemoriesResponse(_message.Message):
+    """One page of memories."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     MEMORIES_FIELD_NUMBER: _builtins.int
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     next_page_token: _builtins.str
-    """empty on the last page"""
+    """Opaque; empty on the last page."""
     @_builtins.property
-    def memories(self) -> _containers.RepeatedCompositeFieldContainer[Global___Memory]: ...
+    def memories(self) -> _containers.RepeatedCompositeFieldContainer[Global___Memory]:
+        """Newest first, at most page_size."""
+
     def __init__(
         self,
         *,
@@ -606,13 +709,18 @@ Global___ListMemoriesResponse: _TypeAlias = ListMemoriesResponse  # noqa: Y015
 
 @_typing.final
 class GetMemoryHistoryRequest(_message.Message):
+    """Which supersession chain to read."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     SCOPE_FIELD_NUMBER: _builtins.int
     MEMORY_ID_FIELD_NUMBER: _builtins.int
     memory_id: _builtins.str
+    """Required: any version of the chain."""
     @_builtins.property
-    def scope(self) -> Global___Scope: ...
+    def scope(self) -> Global___Scope:
+        """Required: the exact scope the memory lives in."""
+
     def __init__(
         self,
         *,
@@ -629,12 +737,14 @@ Global___GetMemoryHistoryRequest: _TypeAlias = GetMemoryHistoryRequest  # noqa: 
 
 @_typing.final
 class GetMemoryHistoryResponse(_message.Message):
+    """Every version of one memory."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     VERSIONS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def versions(self) -> _containers.RepeatedCompositeFieldContainer[Global___Memory]:
-        """oldest first"""
+        """Oldest first; the last one is current unless the chain was closed."""
 
     def __init__(
         self,
@@ -681,6 +791,8 @@ Global___PacketBudget: _TypeAlias = PacketBudget  # noqa: Y015
 
 @_typing.final
 class PrefetchRequest(_message.Message):
+    """Build the context packet for a session that is starting."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     SCOPE_FIELD_NUMBER: _builtins.int
@@ -694,9 +806,13 @@ class PrefetchRequest(_message.Message):
     topics are ranked by weight and recency.
     """
     @_builtins.property
-    def scope(self) -> Global___Scope: ...
+    def scope(self) -> Global___Scope:
+        """Required: whose memory (persona scopes add a persona section)."""
+
     @_builtins.property
-    def budget(self) -> Global___PacketBudget: ...
+    def budget(self) -> Global___PacketBudget:
+        """Optional size limits; unset means 4,000 chars and no token limit."""
+
     def __init__(
         self,
         *,
@@ -722,7 +838,9 @@ class SectionCount(_message.Message):
     SHOWN_FIELD_NUMBER: _builtins.int
     TOTAL_FIELD_NUMBER: _builtins.int
     shown: _builtins.int
+    """Items shown in the text."""
     total: _builtins.int
+    """Items that qualified; total - shown were withheld for the budget."""
     def __init__(
         self,
         *,
@@ -739,6 +857,8 @@ Global___SectionCount: _TypeAlias = SectionCount  # noqa: Y015
 
 @_typing.final
 class PacketCounts(_message.Message):
+    """Per-section counts of a Prefetch packet."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     PERSONA_FIELD_NUMBER: _builtins.int
@@ -746,13 +866,21 @@ class PacketCounts(_message.Message):
     RELEVANT_FIELD_NUMBER: _builtins.int
     EPISODES_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def persona(self) -> Global___SectionCount: ...
+    def persona(self) -> Global___SectionCount:
+        """Facts about the persona (persona scopes only)."""
+
     @_builtins.property
-    def core(self) -> Global___SectionCount: ...
+    def core(self) -> Global___SectionCount:
+        """Pinned and core facts."""
+
     @_builtins.property
-    def relevant(self) -> Global___SectionCount: ...
+    def relevant(self) -> Global___SectionCount:
+        """Other facts relevant to the hint."""
+
     @_builtins.property
-    def episodes(self) -> Global___SectionCount: ...
+    def episodes(self) -> Global___SectionCount:
+        """Earlier conversations."""
+
     def __init__(
         self,
         *,
@@ -785,18 +913,31 @@ class Episode(_message.Message):
     STARTED_AT_FIELD_NUMBER: _builtins.int
     ENDED_AT_FIELD_NUMBER: _builtins.int
     episode_id: _builtins.str
+    """UUID assigned by memsvc."""
     session_id: _builtins.str
+    """The caller's session id it summarises."""
     title: _builtins.str
+    """A short title (one line)."""
     summary: _builtins.str
+    """A few sentences about what happened."""
     excerpt: _builtins.str
+    """Representative words of the user, quoted."""
     @_builtins.property
-    def scope(self) -> Global___Scope: ...
+    def scope(self) -> Global___Scope:
+        """Whose episode."""
+
     @_builtins.property
-    def source_message_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def source_message_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The caller's message ids it was built from."""
+
     @_builtins.property
-    def started_at(self) -> _timestamp_pb2.Timestamp: ...
+    def started_at(self) -> _timestamp_pb2.Timestamp:
+        """First message of the session (UTC)."""
+
     @_builtins.property
-    def ended_at(self) -> _timestamp_pb2.Timestamp: ...
+    def ended_at(self) -> _timestamp_pb2.Timestamp:
+        """Last message of the session (UTC)."""
+
     def __init__(
         self,
         *,
@@ -820,6 +961,8 @@ Global___Episode: _TypeAlias = Episode  # noqa: Y015
 
 @_typing.final
 class PrefetchResponse(_message.Message):
+    """A context packet: text to paste, and the structured items behind it."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TEXT_FIELD_NUMBER: _builtins.int
@@ -836,6 +979,7 @@ class PrefetchResponse(_message.Message):
     version: _builtins.int
     """The user's content version the packet was built from."""
     cache: Global___CacheStatus.ValueType
+    """HIT, MISS or BYPASSED (see CacheStatus)."""
     degraded: _builtins.bool
     """True when part of the packet could not be built within the deadline."""
     @_builtins.property
@@ -843,15 +987,21 @@ class PrefetchResponse(_message.Message):
         """The facts and episodes the text shows, in order."""
 
     @_builtins.property
-    def episodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___Episode]: ...
+    def episodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___Episode]:
+        """The episodes the text shows, in order."""
+
     @_builtins.property
-    def counts(self) -> Global___PacketCounts: ...
+    def counts(self) -> Global___PacketCounts:
+        """Shown and total per section."""
+
     @_builtins.property
     def withheld(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """What was withheld, as stated in the text ("Showing 8 of 12 facts; withheld oldest 4.")."""
 
     @_builtins.property
-    def timings(self) -> Global___StageTimings: ...
+    def timings(self) -> Global___StageTimings:
+        """Server-side stage times (cache_ms, embed_ms, build_ms, total_ms)."""
+
     def __init__(
         self,
         *,
@@ -875,6 +1025,8 @@ Global___PrefetchResponse: _TypeAlias = PrefetchResponse  # noqa: Y015
 
 @_typing.final
 class RecallRequest(_message.Message):
+    """A search inside one exact scope, under the call's deadline."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     SCOPE_FIELD_NUMBER: _builtins.int
@@ -889,8 +1041,11 @@ class RecallRequest(_message.Message):
     top_k: _builtins.int
     """Items to return: default 10, at most 100."""
     mode: Global___RecallMode.ValueType
+    """Default HYBRID."""
     @_builtins.property
-    def scope(self) -> Global___Scope: ...
+    def scope(self) -> Global___Scope:
+        """Required: whose memory (exact match on all three fields)."""
+
     @_builtins.property
     def query_vector(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
         """Caller-supplied embedding (skips embedding); must have the configured dimension."""
@@ -924,6 +1079,8 @@ Global___RecallRequest: _TypeAlias = RecallRequest  # noqa: Y015
 
 @_typing.final
 class StageTimings(_message.Message):
+    """Server-side time per stage of a read, in milliseconds (0 when the stage did not run)."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     EMBED_MS_FIELD_NUMBER: _builtins.int
@@ -934,12 +1091,19 @@ class StageTimings(_message.Message):
     CACHE_MS_FIELD_NUMBER: _builtins.int
     BUILD_MS_FIELD_NUMBER: _builtins.int
     embed_ms: _builtins.float
+    """Embedding the query or hint."""
     dense_ms: _builtins.float
+    """The dense (vector) leg."""
     lexical_ms: _builtins.float
+    """The lexical (full-text) leg."""
     fuse_ms: _builtins.float
+    """Fusion and ranking."""
     total_ms: _builtins.float
+    """The whole handler; at most the call's deadline minus the server's margin."""
     cache_ms: _builtins.float
+    """Prefetch: reading the packet cache."""
     build_ms: _builtins.float
+    """Prefetch: building the packet from PostgreSQL."""
     def __init__(
         self,
         *,
@@ -961,6 +1125,8 @@ Global___StageTimings: _TypeAlias = StageTimings  # noqa: Y015
 
 @_typing.final
 class RecallItem(_message.Message):
+    """One search hit."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TYPE_FIELD_NUMBER: _builtins.int
@@ -976,9 +1142,11 @@ class RecallItem(_message.Message):
     SENDER_ID_FIELD_NUMBER: _builtins.int
     ROLE_FIELD_NUMBER: _builtins.int
     type: Global___ItemType.ValueType
+    """FACT, EPISODE or MESSAGE."""
     id: _builtins.str
     """memory_id, episode_id, or the caller's message_id."""
     text: _builtins.str
+    """Text to show the model: a fact's content, an episode's summary, or a message's text."""
     score: _builtins.float
     """Final ordering score (higher first)."""
     fused_score: _builtins.float
@@ -986,10 +1154,13 @@ class RecallItem(_message.Message):
     dense_rank: _builtins.int
     """1-based rank in each leg; 0 when that leg did not return the item."""
     lexical_rank: _builtins.int
+    """1-based rank in the lexical leg; 0 when that leg did not return the item."""
     session_id: _builtins.str
+    """Session of the message or episode (facts: where learned, may be empty)."""
     sender_id: _builtins.str
     """MESSAGE only."""
     role: Global___MessageRole.ValueType
+    """MESSAGE only: who spoke."""
     @_builtins.property
     def occurred_at(self) -> _timestamp_pb2.Timestamp:
         """When it was said (messages), ended (episodes) or recorded (facts)."""
@@ -1024,6 +1195,8 @@ Global___RecallItem: _TypeAlias = RecallItem  # noqa: Y015
 
 @_typing.final
 class RecallResponse(_message.Message):
+    """Recall's answer; never an error because of time (see degraded)."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     DEGRADED_FIELD_NUMBER: _builtins.int
@@ -1038,13 +1211,17 @@ class RecallResponse(_message.Message):
     route: _builtins.str
     """How the query was classified and routed (e.g. "fact", "temporal", "relationship")."""
     @_builtins.property
-    def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___RecallItem]: ...
+    def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___RecallItem]:
+        """At most top_k, best first."""
+
     @_builtins.property
     def missing_legs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """"embed", "dense", "lexical": what did not make it in time."""
 
     @_builtins.property
-    def timings(self) -> Global___StageTimings: ...
+    def timings(self) -> Global___StageTimings:
+        """Server-side stage times."""
+
     def __init__(
         self,
         *,
@@ -1064,6 +1241,8 @@ Global___RecallResponse: _TypeAlias = RecallResponse  # noqa: Y015
 
 @_typing.final
 class Message(_message.Message):
+    """One message of a conversation turn."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     MESSAGE_ID_FIELD_NUMBER: _builtins.int
@@ -1076,6 +1255,7 @@ class Message(_message.Message):
     sender_id: _builtins.str
     """Who spoke. Only USER-role senders whose id is a valid user id accrue memories."""
     role: Global___MessageRole.ValueType
+    """Required: USER, ASSISTANT, SYSTEM or TOOL."""
     text: _builtins.str
     """1..8,000 chars."""
     @_builtins.property
@@ -1101,6 +1281,8 @@ Global___Message: _TypeAlias = Message  # noqa: Y015
 
 @_typing.final
 class IngestRequest(_message.Message):
+    """The new messages of one turn (and, at the end, end_of_session)."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     SESSION_ID_FIELD_NUMBER: _builtins.int
@@ -1111,6 +1293,7 @@ class IngestRequest(_message.Message):
     GOALS_FIELD_NUMBER: _builtins.int
     COUNTERPART_PERSONA_ID_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
+    """Required: the caller's conversation id (1..128 chars)."""
     end_of_session: _builtins.bool
     """Marks the session finished: its episode is (re)built."""
     idempotency_key: _builtins.str
@@ -1150,6 +1333,8 @@ Global___IngestRequest: _TypeAlias = IngestRequest  # noqa: Y015
 
 @_typing.final
 class IngestResponse(_message.Message):
+    """Acknowledgement: stored and queued for extraction."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     INGEST_ID_FIELD_NUMBER: _builtins.int
@@ -1157,7 +1342,9 @@ class IngestResponse(_message.Message):
     ACCEPTED_FIELD_NUMBER: _builtins.int
     DROPPED_FIELD_NUMBER: _builtins.int
     ingest_id: _builtins.str
+    """UUID of the queued job; pass it to GetIngestStatus."""
     duplicate: _builtins.bool
+    """True when idempotency_key was seen before: nothing was written this time."""
     accepted: _builtins.int
     """Messages stored by this call."""
     dropped: _builtins.int
@@ -1180,11 +1367,14 @@ Global___IngestResponse: _TypeAlias = IngestResponse  # noqa: Y015
 
 @_typing.final
 class GetIngestStatusRequest(_message.Message):
+    """Which Ingest to report on."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     INGEST_ID_FIELD_NUMBER: _builtins.int
     SCOPE_FIELD_NUMBER: _builtins.int
     ingest_id: _builtins.str
+    """Required: IngestResponse.ingest_id."""
     @_builtins.property
     def scope(self) -> Global___Scope:
         """Optional: when set, the ingest must belong to exactly this scope."""
@@ -1221,18 +1411,27 @@ class ExtractionOutcome(_message.Message):
     MESSAGES_INDEXED_FIELD_NUMBER: _builtins.int
     REDACTED_FIELD_NUMBER: _builtins.int
     added: _builtins.int
+    """New memories written."""
     reinforced: _builtins.int
+    """Existing memories stated again (reinforced_count + 1)."""
     updated: _builtins.int
+    """Memories superseded by a newer value."""
     conflicts_resolved: _builtins.int
+    """Contradictions resolved by supersession."""
     skipped_by_quota: _builtins.int
+    """Candidates dropped by the daily per-user quota."""
     dropped_by_gates: _builtins.int
-    """confidence floor, phatic speech, unknown roles, caps"""
+    """Candidates dropped: confidence floor, phatic speech, unknown roles, caps."""
     speakers: _builtins.int
-    """human speakers processed"""
+    """Human speakers processed."""
     episodes: _builtins.int
+    """Episodes written or rebuilt."""
     topics: _builtins.int
+    """Topics linked."""
     messages_indexed: _builtins.int
+    """Messages embedded for the searchable history."""
     redacted: _builtins.int
+    """Candidates withheld by redaction before storage (the built-in extractors report 0)."""
     def __init__(
         self,
         *,
@@ -1258,6 +1457,8 @@ Global___ExtractionOutcome: _TypeAlias = ExtractionOutcome  # noqa: Y015
 
 @_typing.final
 class IngestStatus(_message.Message):
+    """State and result of one Ingest."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     INGEST_ID_FIELD_NUMBER: _builtins.int
@@ -1269,17 +1470,27 @@ class IngestStatus(_message.Message):
     CREATED_AT_FIELD_NUMBER: _builtins.int
     FINISHED_AT_FIELD_NUMBER: _builtins.int
     ingest_id: _builtins.str
+    """The job's UUID."""
     state: Global___IngestState.ValueType
+    """PENDING, PROCESSING, DONE or DEAD."""
     attempts: _builtins.int
+    """Extraction attempts so far (0 before the first)."""
     last_error: _builtins.str
     """Kind of the last failure (never memory content)."""
     session_id: _builtins.str
+    """The Ingest's session_id."""
     @_builtins.property
-    def outcome(self) -> Global___ExtractionOutcome: ...
+    def outcome(self) -> Global___ExtractionOutcome:
+        """What extraction did (set when DONE)."""
+
     @_builtins.property
-    def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    def created_at(self) -> _timestamp_pb2.Timestamp:
+        """When Ingest acknowledged it (UTC)."""
+
     @_builtins.property
-    def finished_at(self) -> _timestamp_pb2.Timestamp: ...
+    def finished_at(self) -> _timestamp_pb2.Timestamp:
+        """When it became DONE or DEAD (UTC); unset before."""
+
     def __init__(
         self,
         *,

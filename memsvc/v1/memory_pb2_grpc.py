@@ -26,7 +26,13 @@ if _version_not_supported:
 
 
 class MemoryServiceStub:
-    """Missing associated documentation comment in .proto file."""
+    """Long-term memory for voice and chat agents. Every call carries an API key
+    (`x-api-key` or `authorization: Bearer`); the key decides the tenant. An optional
+    `x-request-id` (1..128 visible ASCII chars) is echoed in the trailers and logged.
+    Reads (Prefetch, Recall, ListMemories, GetMemoryHistory, GetIngestStatus) and Ingest
+    (idempotency key) are safe to retry on UNAVAILABLE / RESOURCE_EXHAUSTED; Remember,
+    Correct and Forget are not (a repeat may apply twice). Writes without a deadline get 5 s.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -82,34 +88,53 @@ class MemoryServiceStub:
 
 
 class MemoryServiceServicer:
-    """Missing associated documentation comment in .proto file."""
+    """Long-term memory for voice and chat agents. Every call carries an API key
+    (`x-api-key` or `authorization: Bearer`); the key decides the tenant. An optional
+    `x-request-id` (1..128 visible ASCII chars) is echoed in the trailers and logged.
+    Reads (Prefetch, Recall, ListMemories, GetMemoryHistory, GetIngestStatus) and Ingest
+    (idempotency key) are safe to retry on UNAVAILABLE / RESOURCE_EXHAUSTED; Remember,
+    Correct and Forget are not (a repeat may apply twice). Writes without a deadline get 5 s.
+    """
 
     def Prefetch(self, request, context):
-        """Session start: a ready-to-paste context packet. Built in the read-path issue;
-        answers UNIMPLEMENTED until then.
+        """Session start: a ready-to-paste context packet for the system prompt.
+        Deadline: the call's own; none set means MEMSVC_PREFETCH_DEFAULT_DEADLINE_MS (200 ms).
+        Never late: a part that cannot be built in time is left out and `degraded` is set.
+        Safe to retry (read-only). Errors: INVALID_ARGUMENT (scope, hint, budget),
+        UNAUTHENTICATED, RESOURCE_EXHAUSTED (read cap or tenant limit; `retry-after-ms` trailer
+        says when), UNAVAILABLE (database down; retry with backoff).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Recall(self, request, context):
-        """Mid-turn retrieval under the call's deadline. Built in the read-path issue;
-        answers UNIMPLEMENTED until then.
+        """Mid-turn retrieval: hybrid (dense + lexical) search over facts, episodes and,
+        on request, messages. Deadline: the call's own (the voice preset is 200 ms); none set
+        means MEMSVC_RECALL_DEFAULT_DEADLINE_MS (800 ms). A leg not done in time is cancelled
+        and the answer is OK with `degraded` and `missing_legs`, never DEADLINE_EXCEEDED.
+        Safe to retry (read-only). Errors: INVALID_ARGUMENT, UNAUTHENTICATED,
+        RESOURCE_EXHAUSTED (with `retry-after-ms`), UNAVAILABLE.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Ingest(self, request, context):
-        """After each turn: store messages and queue extraction. Built in the
-        write-path issue; answers UNIMPLEMENTED until then.
+        """After each turn: store the turn's new messages and queue extraction (two
+        database writes, no model call), then return. Safe to retry with the same
+        `idempotency_key`: the repeat answers the first `ingest_id` with `duplicate: true` and
+        writes nothing. Default deadline when the call sets none: 5 s. Errors: INVALID_ARGUMENT
+        (naming the field), UNAUTHENTICATED, RESOURCE_EXHAUSTED, UNAVAILABLE.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetIngestStatus(self, request, context):
-        """Progress of an Ingest. Built in the write-path issue; UNIMPLEMENTED until then.
+        """Progress of one Ingest: pending, processing, done or dead, with what
+        extraction did. Read-only, safe to retry. Errors: INVALID_ARGUMENT (not an ingest id),
+        NOT_FOUND (unknown in this tenant, or not in the given scope), UNAUTHENTICATED.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -216,7 +241,13 @@ def add_MemoryServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class MemoryService:
-    """Missing associated documentation comment in .proto file."""
+    """Long-term memory for voice and chat agents. Every call carries an API key
+    (`x-api-key` or `authorization: Bearer`); the key decides the tenant. An optional
+    `x-request-id` (1..128 visible ASCII chars) is echoed in the trailers and logged.
+    Reads (Prefetch, Recall, ListMemories, GetMemoryHistory, GetIngestStatus) and Ingest
+    (idempotency key) are safe to retry on UNAVAILABLE / RESOURCE_EXHAUSTED; Remember,
+    Correct and Forget are not (a repeat may apply twice). Writes without a deadline get 5 s.
+    """
 
     @staticmethod
     def Prefetch(request,

@@ -39,24 +39,46 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class MemoryServiceStub:
+    """Long-term memory for voice and chat agents. Every call carries an API key
+    (`x-api-key` or `authorization: Bearer`); the key decides the tenant. An optional
+    `x-request-id` (1..128 visible ASCII chars) is echoed in the trailers and logged.
+    Reads (Prefetch, Recall, ListMemories, GetMemoryHistory, GetIngestStatus) and Ingest
+    (idempotency key) are safe to retry on UNAVAILABLE / RESOURCE_EXHAUSTED; Remember,
+    Correct and Forget are not (a repeat may apply twice). Writes without a deadline get 5 s.
+    """
+
     @_typing.overload
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> MemoryServiceAsyncStub: ...
     Prefetch: _grpc.UnaryUnaryMultiCallable[_memory_pb2.PrefetchRequest, _memory_pb2.PrefetchResponse]
-    """Session start: a ready-to-paste context packet. Built in the read-path issue;
-    answers UNIMPLEMENTED until then.
+    """Session start: a ready-to-paste context packet for the system prompt.
+    Deadline: the call's own; none set means MEMSVC_PREFETCH_DEFAULT_DEADLINE_MS (200 ms).
+    Never late: a part that cannot be built in time is left out and `degraded` is set.
+    Safe to retry (read-only). Errors: INVALID_ARGUMENT (scope, hint, budget),
+    UNAUTHENTICATED, RESOURCE_EXHAUSTED (read cap or tenant limit; `retry-after-ms` trailer
+    says when), UNAVAILABLE (database down; retry with backoff).
     """
     Recall: _grpc.UnaryUnaryMultiCallable[_memory_pb2.RecallRequest, _memory_pb2.RecallResponse]
-    """Mid-turn retrieval under the call's deadline. Built in the read-path issue;
-    answers UNIMPLEMENTED until then.
+    """Mid-turn retrieval: hybrid (dense + lexical) search over facts, episodes and,
+    on request, messages. Deadline: the call's own (the voice preset is 200 ms); none set
+    means MEMSVC_RECALL_DEFAULT_DEADLINE_MS (800 ms). A leg not done in time is cancelled
+    and the answer is OK with `degraded` and `missing_legs`, never DEADLINE_EXCEEDED.
+    Safe to retry (read-only). Errors: INVALID_ARGUMENT, UNAUTHENTICATED,
+    RESOURCE_EXHAUSTED (with `retry-after-ms`), UNAVAILABLE.
     """
     Ingest: _grpc.UnaryUnaryMultiCallable[_memory_pb2.IngestRequest, _memory_pb2.IngestResponse]
-    """After each turn: store messages and queue extraction. Built in the
-    write-path issue; answers UNIMPLEMENTED until then.
+    """After each turn: store the turn's new messages and queue extraction (two
+    database writes, no model call), then return. Safe to retry with the same
+    `idempotency_key`: the repeat answers the first `ingest_id` with `duplicate: true` and
+    writes nothing. Default deadline when the call sets none: 5 s. Errors: INVALID_ARGUMENT
+    (naming the field), UNAUTHENTICATED, RESOURCE_EXHAUSTED, UNAVAILABLE.
     """
     GetIngestStatus: _grpc.UnaryUnaryMultiCallable[_memory_pb2.GetIngestStatusRequest, _memory_pb2.IngestStatus]
-    """Progress of an Ingest. Built in the write-path issue; UNIMPLEMENTED until then."""
+    """Progress of one Ingest: pending, processing, done or dead, with what
+    extraction did. Read-only, safe to retry. Errors: INVALID_ARGUMENT (not an ingest id),
+    NOT_FOUND (unknown in this tenant, or not in the given scope), UNAUTHENTICATED.
+    """
     Remember: _grpc.UnaryUnaryMultiCallable[_memory_pb2.RememberRequest, _memory_pb2.RememberResponse]
     """Store one memory now (embedded and written in one transaction). An exact
     duplicate of an active memory in the same scope reinforces it instead
@@ -83,21 +105,43 @@ class MemoryServiceStub:
 
 @_typing.type_check_only
 class MemoryServiceAsyncStub(MemoryServiceStub):
+    """Long-term memory for voice and chat agents. Every call carries an API key
+    (`x-api-key` or `authorization: Bearer`); the key decides the tenant. An optional
+    `x-request-id` (1..128 visible ASCII chars) is echoed in the trailers and logged.
+    Reads (Prefetch, Recall, ListMemories, GetMemoryHistory, GetIngestStatus) and Ingest
+    (idempotency key) are safe to retry on UNAVAILABLE / RESOURCE_EXHAUSTED; Remember,
+    Correct and Forget are not (a repeat may apply twice). Writes without a deadline get 5 s.
+    """
+
     def __init__(self, channel: _aio.Channel) -> None: ...
     Prefetch: _aio.UnaryUnaryMultiCallable[_memory_pb2.PrefetchRequest, _memory_pb2.PrefetchResponse]  # type: ignore[assignment]
-    """Session start: a ready-to-paste context packet. Built in the read-path issue;
-    answers UNIMPLEMENTED until then.
+    """Session start: a ready-to-paste context packet for the system prompt.
+    Deadline: the call's own; none set means MEMSVC_PREFETCH_DEFAULT_DEADLINE_MS (200 ms).
+    Never late: a part that cannot be built in time is left out and `degraded` is set.
+    Safe to retry (read-only). Errors: INVALID_ARGUMENT (scope, hint, budget),
+    UNAUTHENTICATED, RESOURCE_EXHAUSTED (read cap or tenant limit; `retry-after-ms` trailer
+    says when), UNAVAILABLE (database down; retry with backoff).
     """
     Recall: _aio.UnaryUnaryMultiCallable[_memory_pb2.RecallRequest, _memory_pb2.RecallResponse]  # type: ignore[assignment]
-    """Mid-turn retrieval under the call's deadline. Built in the read-path issue;
-    answers UNIMPLEMENTED until then.
+    """Mid-turn retrieval: hybrid (dense + lexical) search over facts, episodes and,
+    on request, messages. Deadline: the call's own (the voice preset is 200 ms); none set
+    means MEMSVC_RECALL_DEFAULT_DEADLINE_MS (800 ms). A leg not done in time is cancelled
+    and the answer is OK with `degraded` and `missing_legs`, never DEADLINE_EXCEEDED.
+    Safe to retry (read-only). Errors: INVALID_ARGUMENT, UNAUTHENTICATED,
+    RESOURCE_EXHAUSTED (with `retry-after-ms`), UNAVAILABLE.
     """
     Ingest: _aio.UnaryUnaryMultiCallable[_memory_pb2.IngestRequest, _memory_pb2.IngestResponse]  # type: ignore[assignment]
-    """After each turn: store messages and queue extraction. Built in the
-    write-path issue; answers UNIMPLEMENTED until then.
+    """After each turn: store the turn's new messages and queue extraction (two
+    database writes, no model call), then return. Safe to retry with the same
+    `idempotency_key`: the repeat answers the first `ingest_id` with `duplicate: true` and
+    writes nothing. Default deadline when the call sets none: 5 s. Errors: INVALID_ARGUMENT
+    (naming the field), UNAUTHENTICATED, RESOURCE_EXHAUSTED, UNAVAILABLE.
     """
     GetIngestStatus: _aio.UnaryUnaryMultiCallable[_memory_pb2.GetIngestStatusRequest, _memory_pb2.IngestStatus]  # type: ignore[assignment]
-    """Progress of an Ingest. Built in the write-path issue; UNIMPLEMENTED until then."""
+    """Progress of one Ingest: pending, processing, done or dead, with what
+    extraction did. Read-only, safe to retry. Errors: INVALID_ARGUMENT (not an ingest id),
+    NOT_FOUND (unknown in this tenant, or not in the given scope), UNAUTHENTICATED.
+    """
     Remember: _aio.UnaryUnaryMultiCallable[_memory_pb2.RememberRequest, _memory_pb2.RememberResponse]  # type: ignore[assignment]
     """Store one memory now (embedded and written in one transaction). An exact
     duplicate of an active memory in the same scope reinforces it instead
@@ -123,14 +167,26 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     """
 
 class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
+    """Long-term memory for voice and chat agents. Every call carries an API key
+    (`x-api-key` or `authorization: Bearer`); the key decides the tenant. An optional
+    `x-request-id` (1..128 visible ASCII chars) is echoed in the trailers and logged.
+    Reads (Prefetch, Recall, ListMemories, GetMemoryHistory, GetIngestStatus) and Ingest
+    (idempotency key) are safe to retry on UNAVAILABLE / RESOURCE_EXHAUSTED; Remember,
+    Correct and Forget are not (a repeat may apply twice). Writes without a deadline get 5 s.
+    """
+
     @_abc_1.abstractmethod
     def Prefetch(
         self,
         request: _memory_pb2.PrefetchRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_memory_pb2.PrefetchResponse, _abc.Awaitable[_memory_pb2.PrefetchResponse]]:
-        """Session start: a ready-to-paste context packet. Built in the read-path issue;
-        answers UNIMPLEMENTED until then.
+        """Session start: a ready-to-paste context packet for the system prompt.
+        Deadline: the call's own; none set means MEMSVC_PREFETCH_DEFAULT_DEADLINE_MS (200 ms).
+        Never late: a part that cannot be built in time is left out and `degraded` is set.
+        Safe to retry (read-only). Errors: INVALID_ARGUMENT (scope, hint, budget),
+        UNAUTHENTICATED, RESOURCE_EXHAUSTED (read cap or tenant limit; `retry-after-ms` trailer
+        says when), UNAVAILABLE (database down; retry with backoff).
         """
 
     @_abc_1.abstractmethod
@@ -139,8 +195,12 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _memory_pb2.RecallRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_memory_pb2.RecallResponse, _abc.Awaitable[_memory_pb2.RecallResponse]]:
-        """Mid-turn retrieval under the call's deadline. Built in the read-path issue;
-        answers UNIMPLEMENTED until then.
+        """Mid-turn retrieval: hybrid (dense + lexical) search over facts, episodes and,
+        on request, messages. Deadline: the call's own (the voice preset is 200 ms); none set
+        means MEMSVC_RECALL_DEFAULT_DEADLINE_MS (800 ms). A leg not done in time is cancelled
+        and the answer is OK with `degraded` and `missing_legs`, never DEADLINE_EXCEEDED.
+        Safe to retry (read-only). Errors: INVALID_ARGUMENT, UNAUTHENTICATED,
+        RESOURCE_EXHAUSTED (with `retry-after-ms`), UNAVAILABLE.
         """
 
     @_abc_1.abstractmethod
@@ -149,8 +209,11 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _memory_pb2.IngestRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_memory_pb2.IngestResponse, _abc.Awaitable[_memory_pb2.IngestResponse]]:
-        """After each turn: store messages and queue extraction. Built in the
-        write-path issue; answers UNIMPLEMENTED until then.
+        """After each turn: store the turn's new messages and queue extraction (two
+        database writes, no model call), then return. Safe to retry with the same
+        `idempotency_key`: the repeat answers the first `ingest_id` with `duplicate: true` and
+        writes nothing. Default deadline when the call sets none: 5 s. Errors: INVALID_ARGUMENT
+        (naming the field), UNAUTHENTICATED, RESOURCE_EXHAUSTED, UNAVAILABLE.
         """
 
     @_abc_1.abstractmethod
@@ -159,7 +222,10 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _memory_pb2.GetIngestStatusRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_memory_pb2.IngestStatus, _abc.Awaitable[_memory_pb2.IngestStatus]]:
-        """Progress of an Ingest. Built in the write-path issue; UNIMPLEMENTED until then."""
+        """Progress of one Ingest: pending, processing, done or dead, with what
+        extraction did. Read-only, safe to retry. Errors: INVALID_ARGUMENT (not an ingest id),
+        NOT_FOUND (unknown in this tenant, or not in the given scope), UNAUTHENTICATED.
+        """
 
     @_abc_1.abstractmethod
     def Remember(
