@@ -76,7 +76,7 @@ def lexical_sql(kinds: tuple[ItemKind, ...], *, with_as_of: bool) -> str:
         time_sql = source.time_sql("$8" if with_as_of else None)
         branches.append(
             f"(SELECT {source.select_list},"
-            f" (CASE WHEN {tsv} @@ q.tsq THEN ts_rank_cd({tsv}, q.tsq) ELSE 0 END"
+            f" (CASE WHEN {tsv} @@ q.tsq THEN {source.rank()} ELSE 0 END"
             f"  + (SELECT count(*) FROM unnest($6::text[]) AS p WHERE {text} ILIKE p)::real"
             "    / greatest(cardinality($6::text[]), 1)) AS lexical_score"
             f" FROM {source.table}, q"

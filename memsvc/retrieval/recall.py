@@ -44,6 +44,8 @@ EMBED = "embed"
 @dataclass(frozen=True)
 class RecallConfig:
     rrf_k: int
+    # Per-leg RRF weights (score = weight / (k + rank)).
+    leg_weights: Mapping[str, float]
     candidates: int
     exact_max_rows: int
     embed_timeout_s: float
@@ -56,6 +58,7 @@ class RecallConfig:
     def from_settings(cls, settings: Settings) -> RecallConfig:
         return cls(
             rrf_k=settings.rrf_k,
+            leg_weights={DENSE: settings.rrf_dense_weight, LEXICAL: settings.rrf_lexical_weight},
             candidates=settings.recall_candidates,
             exact_max_rows=settings.dense_exact_max_rows,
             embed_timeout_s=settings.embed_timeout_ms / 1000,
@@ -199,7 +202,7 @@ class RecallService:
             raise failures[0]
 
         fuse_started = time.perf_counter()
-        fused = rrf(ranked_lists, k=self._config.rrf_k)
+        fused = rrf(ranked_lists, k=self._config.rrf_k, weights=self._config.leg_weights)
         route = routes.classify(query.text)
         ranked = final_order(
             fused,
