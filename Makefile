@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PROTO_SRC := protos/memsvc/v1/memory.proto
 
-.PHONY: install run test lint proto bench soak image clean
+.PHONY: install run test lint proto bench soak locomo image clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -47,10 +47,17 @@ proto: install
 	PATH=$(BIN):$$PATH $(BIN)/python -m grpc_tools.protoc -I protos --python_out=. --grpc_python_out=. \
 		--mypy_out=. --mypy_grpc_out=. $(PROTO_SRC)
 
-## Remember, then Recall and Prefetch (bench/recall.py seeds 100,000 memories; RECALL_ARGS to change).
+## Remember, Ingest, then Recall and Prefetch (bench/recall.py seeds 100,000 memories;
+## RECALL_ARGS to change), then the soak (SOAK_ARGS). Each writes JSON under bench/results/.
 bench: install
 	$(BIN)/python -m bench.remember $(BENCH_ARGS)
+	$(BIN)/python -m bench.ingest $(INGEST_ARGS)
 	$(BIN)/python -m bench.recall $(RECALL_ARGS)
+	$(BIN)/python -m bench.soak $(SOAK_ARGS)
+
+## Retrieval quality on the LoCoMo development split (../shared/data/locomo), through gRPC.
+locomo: install
+	$(BIN)/python -m bench.locomo_eval $(LOCOMO_ARGS)
 
 ## Soak: mixed Recall/Prefetch/Ingest at a fixed open-loop rate (default 5 min at 40/s; SOAK_ARGS,
 ## e.g. SOAK_ARGS="--minutes 3"); latency per window, errors, server RSS, Ingest exactly once.
