@@ -16,6 +16,11 @@ class Scope:
     persona_id: str = ""
     agent_id: str = ""
 
+    @property
+    def key(self) -> tuple[str, str, str, str]:
+        """(tenant, user, persona, agent): the $1..$4 of every scoped SQL statement."""
+        return (self.tenant_id, self.user_id, self.persona_id, self.agent_id)
+
 
 @dataclass(frozen=True)
 class Sharing:

@@ -14,11 +14,6 @@ import orjson
 from memsvc.extraction.base import CandidateEpisode, ExistingFact
 from memsvc.memories.model import Scope
 
-
-def _scope(scope: Scope) -> tuple[str, str, str, str]:
-    return (scope.tenant_id, scope.user_id, scope.persona_id, scope.agent_id)
-
-
 _EXACT_SCOPE = "tenant_id = $1 AND user_id = $2 AND persona_id = $3 AND agent_id = $4"
 
 
@@ -39,7 +34,7 @@ async def claim_run(
     inserted = await conn.fetchval(
         "INSERT INTO extraction_runs (tenant_id, user_id, persona_id, agent_id, ingest_id,"
         " session_id) VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING RETURNING true",
-        *_scope(scope),
+        *scope.key,
         ingest_id,
         session_id,
     )
@@ -51,7 +46,7 @@ async def finish_run(
 ) -> None:
     await conn.execute(
         f"UPDATE extraction_runs SET outcome = $6 WHERE {_EXACT_SCOPE} AND ingest_id = $5",
-        *_scope(scope),
+        *scope.key,
         ingest_id,
         orjson.dumps(outcome).decode(),
     )
@@ -63,7 +58,7 @@ async def run_outcome(
     """The stored outcome of a committed speaker run, or None when it has not run."""
     raw = await conn.fetchval(
         f"SELECT outcome FROM extraction_runs WHERE {_EXACT_SCOPE} AND ingest_id = $5",
-        *_scope(scope),
+        *scope.key,
         ingest_id,
     )
     if raw is None:
@@ -92,7 +87,7 @@ async def exact_active(
     row = await conn.fetchrow(
         f"SELECT {_FACT_COLUMNS} FROM memories WHERE {_EXACT_SCOPE}"
         " AND content_hash = $5 AND invalid_at IS NULL",
-        *_scope(scope),
+        *scope.key,
         content_hash,
     )
     return _existing(row) if row is not None else None
@@ -105,7 +100,7 @@ async def active_with_predicates(
         f"SELECT {_FACT_COLUMNS} FROM memories WHERE {_EXACT_SCOPE}"
         " AND invalid_at IS NULL AND subject = $5 AND predicate = ANY($6::text[])"
         " ORDER BY recorded_at DESC",
-        *_scope(scope),
+        *scope.key,
         subject,
         list(predicates),
     )
@@ -129,7 +124,7 @@ async def nearest_active(
         SELECT {_FACT_COLUMNS}, 1 - (embedding <=> $5) AS similarity
         FROM scoped ORDER BY embedding <=> $5 LIMIT $6
         """,
-        *_scope(scope),
+        *scope.key,
         vector,
         k,
     )
@@ -145,7 +140,7 @@ async def reinforce(
         " source_message_ids = ARRAY(SELECT DISTINCT unnest(source_message_ids || $6::text[])"
         " ORDER BY 1)"
         f" WHERE {_EXACT_SCOPE} AND memory_id = $5",
-        *_scope(scope),
+        *scope.key,
         memory_id,
         list(source_ids),
     )
@@ -173,7 +168,7 @@ async def episode_summary(
     row: asyncpg.Record | None = await conn.fetchrow(
         f"SELECT episode_id, title, summary, excerpt, source_message_ids, started_at"
         f" FROM episodes WHERE {_EXACT_SCOPE} AND session_id = $5",
-        *_scope(scope),
+        *scope.key,
         session_id,
     )
     return row
@@ -205,7 +200,7 @@ async def upsert_episode(
             embedding_state = EXCLUDED.embedding_state
         RETURNING episode_id
         """,
-        *_scope(scope),
+        *scope.key,
         uuid.uuid4(),
         session_id,
         episode.title,
@@ -241,7 +236,7 @@ async def upsert_topic(
             last_episode_at = greatest(topics.last_episode_at, EXCLUDED.last_episode_at)
         RETURNING topic_id
         """,
-        *_scope(scope),
+        *scope.key,
         uuid.uuid4(),
         name,
         seen_at,

@@ -32,10 +32,6 @@ VISIBLE = _VISIBLE
 COLUMNS = _COLUMNS
 
 
-def _scope_args(scope: Scope) -> tuple[str, str, str, str]:
-    return (scope.tenant_id, scope.user_id, scope.persona_id, scope.agent_id)
-
-
 def record_from_row(row: asyncpg.Record) -> MemoryRecord:
     """Turn a row selected with _COLUMNS into a MemoryRecord."""
     return MemoryRecord(
@@ -72,7 +68,7 @@ async def find_active_duplicate(
     value: uuid.UUID | None = await conn.fetchval(
         "SELECT memory_id FROM memories WHERE tenant_id = $1 AND user_id = $2"
         " AND persona_id = $3 AND agent_id = $4 AND content_hash = $5 AND invalid_at IS NULL",
-        *_scope_args(scope),
+        *scope.key,
         content_hash,
     )
     return value
@@ -121,7 +117,7 @@ async def insert_or_reinforce(
                 ORDER BY 1)
         RETURNING {_COLUMNS}, (xmax <> 0) AS reinforced
         """,
-        *_scope_args(scope),
+        *scope.key,
         memory.sharing.all_agents,
         memory.sharing.all_personas,
         memory_id,
@@ -157,7 +153,7 @@ async def get_visible(
     lock = " FOR UPDATE" if for_update else ""
     row = await conn.fetchrow(
         f"SELECT {_COLUMNS} FROM memories WHERE {_VISIBLE} AND memory_id = $5{lock}",
-        *_scope_args(scope),
+        *scope.key,
         memory_id,
     )
     return record_from_row(row) if row is not None else None
@@ -182,7 +178,7 @@ async def lineage(
     rows = await conn.fetch(
         f"SELECT {_COLUMNS} FROM memories WHERE {_VISIBLE} AND lineage_id = $5"
         " ORDER BY recorded_at, memory_id",
-        *_scope_args(scope),
+        *scope.key,
         lineage_id,
     )
     return [record_from_row(r) for r in rows]
@@ -191,7 +187,7 @@ async def lineage(
 async def list_page(conn: asyncpg.Connection, scope: Scope, query: ListQuery) -> Page:
     """One page of the scope's memories, newest first, with a keyset cursor."""
     clauses = [_VISIBLE]
-    args: list[Any] = list(_scope_args(scope))
+    args: list[Any] = list(scope.key)
 
     def arg(value: Any) -> str:
         args.append(value)
@@ -230,7 +226,7 @@ async def visible_lineages(
     rows = await conn.fetch(
         f"SELECT memory_id, lineage_id FROM memories WHERE {_VISIBLE}"
         " AND memory_id = ANY($5::uuid[])",
-        *_scope_args(scope),
+        *scope.key,
         list(memory_ids),
     )
     return {r["memory_id"]: r["lineage_id"] for r in rows}
