@@ -25,7 +25,9 @@ import argparse
 import asyncio
 import json
 import random
+import re
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
@@ -36,7 +38,7 @@ import numpy as np
 import redis.asyncio as aioredis
 
 from bench import corpus
-from bench.harness import RESULTS_DIR, Summary, Target, served_stack, summarize
+from bench.harness import RESULTS_DIR, Summary, Target, free_port, served_stack, summarize
 from bench.png import latency_cdf_png
 from memsvc.cache.keys import packet_key
 from memsvc.config import Settings
@@ -54,6 +56,10 @@ from memsvc.v1 import memory_pb2 as pb
 from memsvc.v1 import memory_pb2_grpc
 
 SERVER_ENV = {"MEMSVC_RUN_WORKERS": "false"}
+HANDLED = re.compile(
+    r"^memsvc_grpc_server_handled_total\{(?P<labels>[^}]*)\}\s+(?P<value>\S+)$", re.MULTILINE
+)
+LABEL = re.compile(r'(\w+)="([^"]*)"')
 CAPACITY_P99_MS = 200.0
 OVERLOAD_DEADLINE_S = 0.2
 STEP_SECONDS = 8.0
@@ -122,6 +128,19 @@ async def open_loop(name: str, call: Call, *, rate_per_s: float, count: int) -> 
     return Phase(name, rate_per_s, latencies, outcomes, time.perf_counter() - start, [])
 
 
+def server_recall_codes(metrics_port: int) -> Counter[str]:
+    """Recall calls the server finished, by the status it answered (its /metrics): tells a
+    server that answered late from a client that gave up on a reply already on its way."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    codes: Counter[str] = Counter()
+    for match in HANDLED.finditer(text):
+        labels = dict(LABEL.findall(match["labels"]))
+        if labels.get("grpc_method") == "Recall":
+            codes[labels["grpc_code"]] += int(float(match["value"]))
+    return codes
+
+
 class Client:
     """Calls against the served memsvc, each returning its outcome."""
 
@@ -165,7 +184,7 @@ async def run_phase(client: Client, name: str, call: Call, rate: float, count: i
 
 
 async def grpc_phases(
-    target: Target, args: argparse.Namespace, vectors: list[list[float]]
+    target: Target, args: argparse.Namespace, vectors: list[list[float]], metrics_port: int
 ) -> tuple[list[Phase], dict[str, Any]]:
     client = Client(target, args.users, seed=11)
     texts = iter(corpus.queries(200_000, seed=5))
@@ -224,6 +243,7 @@ async def grpc_phases(
             elif summary.p99_ms > 4 * CAPACITY_P99_MS:
                 break  # far past saturation: higher rates say nothing new
         overload_rate = max(2 * capacity, 2 * args.rate)
+        before = server_recall_codes(metrics_port)
         overload = await run_phase(
             client,
             f"overload {overload_rate:g}/s 200ms",
@@ -232,7 +252,15 @@ async def grpc_phases(
             int(overload_rate * 10),
         )
         phases.append(overload)
-        return phases, {"capacity_per_s": capacity, "steps": steps, "overload": overload}
+        server_side = server_recall_codes(metrics_port)
+        server_side.subtract(before)
+        print(f"overload, as the server answered: {dict(+server_side)}")
+        return phases, {
+            "capacity_per_s": capacity,
+            "steps": steps,
+            "overload": overload,
+            "overload_server_codes": dict(+server_side),
+        }
     finally:
         await client.close()
 
@@ -379,7 +407,8 @@ def main() -> None:
         help="extra server setting (repeatable), e.g. MEMSVC_READS_MAX_IN_FLIGHT=16",
     )
     args = parser.parse_args()
-    server_env = dict(SERVER_ENV)
+    metrics_port = free_port()
+    server_env = dict(SERVER_ENV) | {"MEMSVC_METRICS_PORT": str(metrics_port)}
     for pair in args.server_env:
         name, _, value = pair.partition("=")
         server_env[name] = value
@@ -394,7 +423,7 @@ def main() -> None:
         )
         print(f"corpus: {seeded}")
         vectors = asyncio.run(client_vectors(500))
-        phases, capacity = asyncio.run(grpc_phases(target, args, vectors))
+        phases, capacity = asyncio.run(grpc_phases(target, args, vectors, metrics_port))
         floors = asyncio.run(floor_phases(target, args, vectors))
 
     ratios = {}
@@ -426,7 +455,11 @@ def main() -> None:
                 "service_over_floor": ratios,
                 "capacity_per_s": capacity["capacity_per_s"],
                 "capacity_steps": capacity["steps"],
-                "overload": overload.as_dict() | {"deadline_s": OVERLOAD_DEADLINE_S},
+                "overload": overload.as_dict()
+                | {
+                    "deadline_s": OVERLOAD_DEADLINE_S,
+                    "server_codes": capacity["overload_server_codes"],
+                },
             },
             indent=2,
         )
