@@ -294,7 +294,15 @@ async def floor_phases(
         async def lexical() -> None:
             async with pool.acquire() as conn:
                 await lexical_hits(
-                    conn, s, text, DEFAULT_KINDS, limit=50, as_of=None, budget=budget, delays={}
+                    conn,
+                    s,
+                    text,
+                    DEFAULT_KINDS,
+                    limit=50,
+                    exact_max_rows=2000,
+                    as_of=None,
+                    budget=budget,
+                    delays={},
                 )
 
         await asyncio.gather(dense(), lexical()) if text else await dense()
@@ -349,7 +357,8 @@ async def floor_phases(
                     exact_max_rows=2000, as_of=None, budget=budget, delays={},
                 )  # fmt: skip
                 await lexical_hits(
-                    conn, s, hint, (ItemKind.FACT,), limit=40, as_of=None, budget=budget,
+                    conn, s, hint, (ItemKind.FACT,), limit=40, exact_max_rows=2000, as_of=None,
+                    budget=budget,
                     delays={},
                 )  # fmt: skip
 

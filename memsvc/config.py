@@ -151,7 +151,7 @@ class Settings:
     query_embed_cache_size: int = 4_096
     # Reads (Recall + Prefetch) running at once; beyond it a read is shed at once
     # with RESOURCE_EXHAUSTED instead of queueing past its deadline.
-    reads_max_in_flight: int = 64
+    reads_max_in_flight: int = 32
     # Prefetch packets: cache lifetime, character budget and the walk's limits.
     packet_ttl_s: int = 600
     packet_default_chars: int = 4_000

@@ -13,13 +13,16 @@ from memsvc.storage.messages import index_session_context
 from memsvc.v1 import memory_pb2 as pb
 from tests.conftest import Caller
 from tests.read_helpers import (
+    StartServer,
     days_ago,
     dscope,
     pscope,
     recall,
     seed_episode,
     seed_messages,
+    stub_for,
 )
+from tests.read_helpers import start_server as start_server  # fixture
 from tests.test_explicit_memory import remember
 
 FACT, EPISODE, MESSAGE = pb.ITEM_TYPE_FACT, pb.ITEM_TYPE_EPISODE, pb.ITEM_TYPE_MESSAGE
@@ -283,3 +286,18 @@ async def test_messages_match_through_their_session_context(
     reply = await recall(caller, "dinner", types=[MESSAGE], mode=LEXICAL)
     # The turn that says it ranks first; its neighbours match through their context.
     assert [i.id for i in reply.items] == ["m0", "m1", "m2"]
+
+
+async def test_large_scopes_use_the_indexes_and_still_answer(
+    caller: Caller, start_server: StartServer
+) -> None:
+    coffee = (await remember(caller, "Takes no sugar in coffee")).memory
+    await remember(caller, "Daughter is named Maya")
+    # Every scope counts as large here: dense via HNSW (iterative scan), lexical via GIN.
+    _srv, channel = await start_server(dense_exact_max_rows=1)
+    reply = await stub_for(channel, caller).Recall(
+        pb.RecallRequest(scope=pscope(), query="coffee with sugar"), timeout=5
+    )
+    assert not reply.degraded
+    assert reply.items[0].id == coffee.memory_id
+    assert reply.items[0].dense_rank == 1 and reply.items[0].lexical_rank == 1

@@ -396,6 +396,7 @@ class PrefetchService:
             query.hint,
             (ItemKind.FACT,),
             limit=cfg.facts,
+            exact_max_rows=cfg.exact_max_rows,
             as_of=None,
             budget=budget,
             delays={},

@@ -67,27 +67,43 @@ def cjk_patterns(text: str, *, limit: int = MAX_PATTERNS) -> list[str]:
 
 @functools.lru_cache(maxsize=32)
 def lexical_sql(kinds: tuple[ItemKind, ...], *, with_as_of: bool) -> str:
-    """$1..$4 scope, $5 query text, $6 ILIKE patterns, $7 limit, [$8 as_of]; all kinds in
-    one statement."""
+    """$1..$4 scope, $5 query text, $6 ILIKE patterns, $7 limit, $8 exact_max_rows,
+    [$9 as_of]; all kinds in one statement.
+
+    Like the dense leg, a small scope is searched row by row: the match condition is kept
+    off the GIN index (``|| ''::tsvector``), so the plan starts from the scope's btree and
+    tests only that user's rows, whatever the table's size. A common word's posting list
+    grows with the whole table; the user's rows do not. A large scope may use the index.
+    """
+    ctes = ["q AS (SELECT replace(plainto_tsquery('english', $5)::text, ' & ', ' | ')::tsquery"
+            " AS tsq)"]  # fmt: skip
     branches: list[str] = []
     for kind in kinds:
         source = SOURCES[kind]
         tsv, text = source.tsv_sql, source.text_sql
-        time_sql = source.time_sql("$8" if with_as_of else None)
-        branches.append(
-            f"(SELECT {source.select_list},"
-            f" (CASE WHEN {tsv} @@ q.tsq THEN {source.rank()} ELSE 0 END"
-            f"  + (SELECT count(*) FROM unnest($6::text[]) AS p WHERE {text} ILIKE p)::real"
-            "    / greatest(cardinality($6::text[]), 1)) AS lexical_score"
-            f" FROM {source.table}, q"
-            f" WHERE {source.scope_sql} AND {time_sql}"
-            f"  AND ({tsv} @@ q.tsq OR {text} ILIKE ANY ($6::text[]))"
-            " ORDER BY lexical_score DESC, item_id LIMIT $7)"
+        time_sql = source.time_sql("$9" if with_as_of else None)
+        count = f"{kind.value}_rows"
+        ctes.append(
+            f"{count} AS (SELECT count(*) AS n FROM (SELECT 1 FROM {source.table}"
+            " WHERE tenant_id = $1 AND user_id = $2 LIMIT $8 + 1) AS capped)"
         )
+        for matched, gate in (
+            (f"({tsv} || ''::tsvector)", f"(SELECT n FROM {count}) <= $8"),
+            (tsv, f"(SELECT n FROM {count}) > $8"),
+        ):
+            branches.append(
+                f"(SELECT {source.select_list},"
+                f" (CASE WHEN {tsv} @@ q.tsq THEN {source.rank()} ELSE 0 END"
+                f"  + (SELECT count(*) FROM unnest($6::text[]) AS p WHERE {text} ILIKE p)::real"
+                "    / greatest(cardinality($6::text[]), 1)) AS lexical_score"
+                f" FROM {source.table}, q"
+                f" WHERE {source.scope_sql} AND {time_sql} AND {gate}"
+                f"  AND ({matched} @@ q.tsq OR {text} ILIKE ANY ($6::text[]))"
+                " ORDER BY lexical_score DESC, item_id LIMIT $7)"
+            )
     return (
         "/* memsvc:recall:lexical */"
-        " WITH q AS (SELECT replace(plainto_tsquery('english', $5)::text, ' & ', ' | ')::tsquery"
-        " AS tsq)"
+        f" WITH {', '.join(ctes)}"
         f" SELECT * FROM ({' UNION ALL '.join(branches)}) AS hits"
         f" ORDER BY lexical_score DESC, {TIE_BREAK_SQL} LIMIT $7"
     )
@@ -100,6 +116,7 @@ async def lexical_hits(
     kinds: Sequence[ItemKind],
     *,
     limit: int,
+    exact_max_rows: int,
     as_of: datetime | None,
     budget: Budget,
     delays: Mapping[str, float],
@@ -114,6 +131,7 @@ async def lexical_hits(
         text,
         cjk_patterns(text),
         limit,
+        exact_max_rows,
     ]
     if as_of is not None:
         args.append(as_of)

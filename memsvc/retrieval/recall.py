@@ -155,6 +155,7 @@ class RecallService:
                 query.text,
                 query.kinds,
                 limit=limit,
+                exact_max_rows=self._config.exact_max_rows,
                 as_of=query.as_of,
                 budget=budget,
                 delays=self._config.delays,
