@@ -152,6 +152,9 @@ class Settings:
     # Reads (Recall + Prefetch) running at once; beyond it a read is shed at once
     # with RESOURCE_EXHAUSTED instead of queueing past its deadline.
     reads_max_in_flight: int = 32
+    # ...and while the event loop runs this late (a saturated CPU) new reads are refused the
+    # same way (0: off).
+    reads_max_loop_lag_ms: int = 20
     # Prefetch packets: cache lifetime, character budget and the walk's limits.
     packet_ttl_s: int = 600
     packet_default_chars: int = 4_000
@@ -255,6 +258,7 @@ class Settings:
             "DENSE_EXACT_MAX_ROWS": "dense_exact_max_rows",
             "QUERY_EMBED_CACHE_SIZE": "query_embed_cache_size",
             "READS_MAX_IN_FLIGHT": "reads_max_in_flight",
+            "READS_MAX_LOOP_LAG_MS": "reads_max_loop_lag_ms",
             "PACKET_TTL_S": "packet_ttl_s",
             "PACKET_DEFAULT_CHARS": "packet_default_chars",
             "PREFETCH_TOPICS": "prefetch_topics",

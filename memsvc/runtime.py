@@ -21,6 +21,7 @@ from memsvc.extraction.guardrails import Thresholds
 from memsvc.extraction.pipeline import ExtractionPipeline, PipelineSettings
 from memsvc.fanout import LegRunner
 from memsvc.ingest.service import IngestService
+from memsvc.loop_lag import LoopLag
 from memsvc.memories.service import MemoryService
 from memsvc.prefetch.service import PrefetchConfig, PrefetchService
 from memsvc.retrieval.embed_cache import EmbeddingLRU, QueryEmbedder
@@ -179,8 +180,15 @@ class Runtime:
         runner = LegRunner()
         # Cancelled legs give their connections back before the pool closes.
         self._stack.push_async_callback(runner.aclose)
+        loop_lag = LoopLag()
+        loop_lag.start()
+        self._stack.callback(loop_lag.stop)
         self.recall = RecallService(
-            self.pool, query_embedder, runner, RecallConfig.from_settings(settings)
+            self.pool,
+            query_embedder,
+            runner,
+            RecallConfig.from_settings(settings),
+            loop_lag=loop_lag,
         )
         self.prefetch = PrefetchService(
             self.pool,
@@ -193,6 +201,7 @@ class Runtime:
             ),
             runner,
             PrefetchConfig.from_settings(settings),
+            loop_lag=loop_lag,
         )
 
     async def _background_embedder(self, settings: Settings) -> Embedder:

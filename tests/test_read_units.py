@@ -18,6 +18,7 @@ from memsvc.config import ConfigError, Settings
 from memsvc.embedding.base import EmbeddingTimeout
 from memsvc.errors import ResourceExhausted
 from memsvc.fanout import LegRunner
+from memsvc.loop_lag import LoopLag
 from memsvc.memories.model import MemoryRecord, Scope, Sharing
 from memsvc.prefetch import assembly, codec, packet
 from memsvc.prefetch.model import (
@@ -623,3 +624,24 @@ async def test_leg_runner_keeps_back_what_a_late_loop_costs() -> None:
     await runner.run({"quick": asyncio.sleep(0)}, budget_s=1)
     assert runner.reserve_s < before
     await runner.aclose()
+
+
+async def test_loop_lag_sheds_reads_only_while_the_loop_stays_late() -> None:
+    lag = LoopLag(interval_s=0.01, window=3)
+    lag.start()
+    try:
+        await asyncio.sleep(0.05)
+        lag.admit_read(0.02)  # an idle loop admits
+        time.sleep(0.2)  # noqa: ASYNC251 (one stall: one late tick)
+        await asyncio.sleep(0.02)
+        lag.admit_read(0.02)  # a single stall does not shed
+        for _ in range(12):  # a saturated loop: every tick late
+            time.sleep(0.04)  # noqa: ASYNC251
+            await asyncio.sleep(0)
+        with pytest.raises(ResourceExhausted, match="overloaded"):
+            lag.admit_read(0.02)
+        lag.admit_read(0)  # 0: the gate is off
+        await asyncio.sleep(0.1)
+        lag.admit_read(0.02)  # recovered
+    finally:
+        lag.stop()

@@ -35,6 +35,7 @@ from memsvc.embedding import EmbeddingError
 from memsvc.embedding.base import EmbeddingTimeout
 from memsvc.errors import ResourceExhausted
 from memsvc.fanout import LegRunner, late
+from memsvc.loop_lag import LoopLag
 from memsvc.memories.model import MemoryRecord
 from memsvc.prefetch import assembly, codec, packet, queries
 from memsvc.prefetch.model import (
@@ -84,6 +85,7 @@ class PrefetchConfig:
     embed_timeout_s: float
     acquire_timeout_s: float
     redis_timeout_s: float
+    max_loop_lag_s: float = 0.0
     delays: Mapping[str, float] = field(default_factory=dict)
 
     @classmethod
@@ -100,6 +102,7 @@ class PrefetchConfig:
             embed_timeout_s=settings.embed_timeout_ms / 1000,
             acquire_timeout_s=settings.pg_acquire_timeout_ms / 1000,
             redis_timeout_s=settings.redis_timeout_ms / 1000,
+            max_loop_lag_s=settings.reads_max_loop_lag_ms / 1000,
             delays=delays_from_settings(settings.debug_stage_delays_ms),
         )
 
@@ -153,12 +156,15 @@ class PrefetchService:
         cache: PacketCache,
         runner: LegRunner,
         config: PrefetchConfig,
+        *,
+        loop_lag: LoopLag | None = None,
     ) -> None:
         self._pool = pool
         self._embedder = embedder
         self._cache = cache
         self._runner = runner
         self._config = config
+        self._loop_lag = loop_lag
         self._flights: SingleFlight[str, _Build] = SingleFlight()
         #: Packets built from PostgreSQL so far (cache hits and joined flights build none).
         self.builds = 0
@@ -171,6 +177,8 @@ class PrefetchService:
             yield conn
 
     async def prefetch(self, query: PrefetchQuery, budget: Budget) -> PrefetchResult:
+        if self._loop_lag is not None:
+            self._loop_lag.admit_read(self._config.max_loop_lag_s)
         started = time.perf_counter()
         timings = PrefetchTimings()
         scope = query.scope

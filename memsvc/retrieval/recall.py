@@ -25,6 +25,7 @@ from memsvc.deadline import Budget
 from memsvc.debug_delay import delays_from_settings
 from memsvc.embedding.base import EmbeddingTimeout
 from memsvc.fanout import LegRunner, late
+from memsvc.loop_lag import LoopLag
 from memsvc.retrieval import route as routes
 from memsvc.retrieval.dense import dense_hits
 from memsvc.retrieval.embed_cache import QueryEmbedder
@@ -52,6 +53,7 @@ class RecallConfig:
     acquire_timeout_s: float
     roles: tuple[str, ...]
     half_life_days: float
+    max_loop_lag_s: float = 0.0
     delays: Mapping[str, float] = field(default_factory=dict)
 
     @classmethod
@@ -65,6 +67,7 @@ class RecallConfig:
             acquire_timeout_s=settings.pg_acquire_timeout_ms / 1000,
             roles=settings.roles,
             half_life_days=settings.half_life_days,
+            max_loop_lag_s=settings.reads_max_loop_lag_ms / 1000,
             delays=delays_from_settings(settings.debug_stage_delays_ms),
         )
 
@@ -105,11 +108,14 @@ class RecallService:
         embedder: QueryEmbedder,
         runner: LegRunner,
         config: RecallConfig,
+        *,
+        loop_lag: LoopLag | None = None,
     ) -> None:
         self._pool = pool
         self._embedder = embedder
         self._runner = runner
         self._config = config
+        self._loop_lag = loop_lag
 
     @asynccontextmanager
     async def _connection(self, budget: Budget) -> AsyncIterator[asyncpg.Connection]:
@@ -162,6 +168,8 @@ class RecallService:
             )
 
     async def recall(self, query: RecallQuery, budget: Budget) -> RecallResult:
+        if self._loop_lag is not None:
+            self._loop_lag.admit_read(self._config.max_loop_lag_s)
         started = time.perf_counter()
         timings = RecallTimings()
         limit = max(self._config.candidates, query.top_k)
