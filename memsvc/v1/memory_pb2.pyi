@@ -17,6 +17,7 @@ is UNAVAILABLE. A request that fails writes nothing.
 
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
+from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
@@ -55,6 +56,38 @@ MEMORY_STATUS_ACTIVE: MemoryStatus.ValueType  # 1
 MEMORY_STATUS_SUPERSEDED: MemoryStatus.ValueType  # 2
 """Replaced by a correction or an update; kept in history with invalid_at."""
 Global___MemoryStatus: _TypeAlias = MemoryStatus  # noqa: Y015
+
+class _RetentionPolicy:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _RetentionPolicyEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RetentionPolicy.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    RETENTION_POLICY_UNSPECIFIED: _RetentionPolicy.ValueType  # 0
+    """Not set: a memory is USER_CONTROLLED (kept until Forget)."""
+    RETENTION_POLICY_USER_CONTROLLED: _RetentionPolicy.ValueType  # 1
+    """Kept until the user (or the caller on their behalf) forgets it. Never expires."""
+    RETENTION_POLICY_SESSION: _RetentionPolicy.ValueType  # 2
+    """Kept for its session only: deleted when the session ends (Ingest end_of_session), or
+    after MEMSVC_SESSION_RETENTION_S at the latest. Needs session_id.
+    """
+    RETENTION_POLICY_TTL: _RetentionPolicy.ValueType  # 3
+    """Deleted after a time to live (the request's ttl; messages: the tenant's message TTL)."""
+
+class RetentionPolicy(_RetentionPolicy, metaclass=_RetentionPolicyEnumTypeWrapper):
+    """How long a memory (or message) is kept."""
+
+RETENTION_POLICY_UNSPECIFIED: RetentionPolicy.ValueType  # 0
+"""Not set: a memory is USER_CONTROLLED (kept until Forget)."""
+RETENTION_POLICY_USER_CONTROLLED: RetentionPolicy.ValueType  # 1
+"""Kept until the user (or the caller on their behalf) forgets it. Never expires."""
+RETENTION_POLICY_SESSION: RetentionPolicy.ValueType  # 2
+"""Kept for its session only: deleted when the session ends (Ingest end_of_session), or
+after MEMSVC_SESSION_RETENTION_S at the latest. Needs session_id.
+"""
+RETENTION_POLICY_TTL: RetentionPolicy.ValueType  # 3
+"""Deleted after a time to live (the request's ttl; messages: the tenant's message TTL)."""
+Global___RetentionPolicy: _TypeAlias = RetentionPolicy  # noqa: Y015
 
 class _CacheStatus:
     ValueType = _typing.NewType("ValueType", _builtins.int)
@@ -298,6 +331,12 @@ class Memory(_message.Message):
     SHARING_FIELD_NUMBER: _builtins.int
     ORIGIN_FIELD_NUMBER: _builtins.int
     CORRECTION_REASON_FIELD_NUMBER: _builtins.int
+    RETENTION_POLICY_FIELD_NUMBER: _builtins.int
+    EXPIRES_AT_FIELD_NUMBER: _builtins.int
+    LAST_REFERENCED_AT_FIELD_NUMBER: _builtins.int
+    EFFECTIVE_CONFIDENCE_FIELD_NUMBER: _builtins.int
+    LAST_REINFORCED_AT_FIELD_NUMBER: _builtins.int
+    DEMOTED_AT_FIELD_NUMBER: _builtins.int
     memory_id: _builtins.str
     """UUID assigned by memsvc; quote it in Correct, Forget and GetMemoryHistory."""
     content: _builtins.str
@@ -336,6 +375,12 @@ class Memory(_message.Message):
     """
     correction_reason: _builtins.str
     """The reason given to Correct, on the row it created."""
+    retention_policy: Global___RetentionPolicy.ValueType
+    """How long it is kept (USER_CONTROLLED, SESSION or TTL)."""
+    effective_confidence: _builtins.float
+    """`confidence` decayed to now by its category's half-life since it was last confirmed
+    (written, reinforced or corrected). Pinned and corrected memories do not decay.
+    """
     @_builtins.property
     def scope(self) -> Global___Scope:
         """Whose memory it is (exact scope of the write)."""
@@ -359,6 +404,26 @@ class Memory(_message.Message):
     @_builtins.property
     def sharing(self) -> Global___Sharing:
         """Declared sharing beyond the exact scope; unset means none."""
+
+    @_builtins.property
+    def expires_at(self) -> _timestamp_pb2.Timestamp:
+        """When it expires and is deleted (UTC); unset when it never expires. An expired memory
+        is never returned, even before the expiry task has deleted it.
+        """
+
+    @_builtins.property
+    def last_referenced_at(self) -> _timestamp_pb2.Timestamp:
+        """When a read last returned it (UTC; updated in batches, so up to a few seconds late)."""
+
+    @_builtins.property
+    def last_reinforced_at(self) -> _timestamp_pb2.Timestamp:
+        """When it was last stated again (UTC); unset if never."""
+
+    @_builtins.property
+    def demoted_at(self) -> _timestamp_pb2.Timestamp:
+        """When core-memory compaction moved it out of the core block (UTC); unset otherwise.
+        A demoted memory stays an ordinary, searchable fact.
+        """
 
     def __init__(
         self,
@@ -385,10 +450,16 @@ class Memory(_message.Message):
         sharing: Global___Sharing | None = ...,
         origin: _builtins.str = ...,
         correction_reason: _builtins.str = ...,
+        retention_policy: Global___RetentionPolicy.ValueType = ...,
+        expires_at: _timestamp_pb2.Timestamp | None = ...,
+        last_referenced_at: _timestamp_pb2.Timestamp | None = ...,
+        effective_confidence: _builtins.float = ...,
+        last_reinforced_at: _timestamp_pb2.Timestamp | None = ...,
+        demoted_at: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["invalid_at", b"invalid_at", "recorded_at", b"recorded_at", "scope", b"scope", "sharing", b"sharing", "valid_from", b"valid_from"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["demoted_at", b"demoted_at", "expires_at", b"expires_at", "invalid_at", b"invalid_at", "last_referenced_at", b"last_referenced_at", "last_reinforced_at", b"last_reinforced_at", "recorded_at", b"recorded_at", "scope", b"scope", "sharing", b"sharing", "valid_from", b"valid_from"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["category", b"category", "confidence", b"confidence", "content", b"content", "correction_reason", b"correction_reason", "invalid_at", b"invalid_at", "memory_id", b"memory_id", "object", b"object", "origin", b"origin", "pinned", b"pinned", "predicate", b"predicate", "recorded_at", b"recorded_at", "reinforced_count", b"reinforced_count", "role", b"role", "scope", b"scope", "session_id", b"session_id", "sharing", b"sharing", "source_message_ids", b"source_message_ids", "status", b"status", "subject", b"subject", "superseded_by_id", b"superseded_by_id", "supersedes_id", b"supersedes_id", "valid_from", b"valid_from"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["category", b"category", "confidence", b"confidence", "content", b"content", "correction_reason", b"correction_reason", "demoted_at", b"demoted_at", "effective_confidence", b"effective_confidence", "expires_at", b"expires_at", "invalid_at", b"invalid_at", "last_referenced_at", b"last_referenced_at", "last_reinforced_at", b"last_reinforced_at", "memory_id", b"memory_id", "object", b"object", "origin", b"origin", "pinned", b"pinned", "predicate", b"predicate", "recorded_at", b"recorded_at", "reinforced_count", b"reinforced_count", "retention_policy", b"retention_policy", "role", b"role", "scope", b"scope", "session_id", b"session_id", "sharing", b"sharing", "source_message_ids", b"source_message_ids", "status", b"status", "subject", b"subject", "superseded_by_id", b"superseded_by_id", "supersedes_id", b"supersedes_id", "valid_from", b"valid_from"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -413,6 +484,8 @@ class RememberRequest(_message.Message):
     OBJECT_FIELD_NUMBER: _builtins.int
     SHARING_FIELD_NUMBER: _builtins.int
     VALID_FROM_FIELD_NUMBER: _builtins.int
+    RETENTION_POLICY_FIELD_NUMBER: _builtins.int
+    TTL_FIELD_NUMBER: _builtins.int
     content: _builtins.str
     """Required, at most 2,000 chars, no control characters except line breaks."""
     category: _builtins.str
@@ -431,6 +504,10 @@ class RememberRequest(_message.Message):
     """Optional triple predicate."""
     object: _builtins.str
     """Optional triple object."""
+    retention_policy: Global___RetentionPolicy.ValueType
+    """How long to keep it; unset means USER_CONTROLLED. SESSION needs session_id; TTL
+    needs ttl.
+    """
     @_builtins.property
     def scope(self) -> Global___Scope:
         """Required: whose memory."""
@@ -446,6 +523,10 @@ class RememberRequest(_message.Message):
     @_builtins.property
     def valid_from(self) -> _timestamp_pb2.Timestamp:
         """When the fact began to hold; unset means now."""
+
+    @_builtins.property
+    def ttl(self) -> _duration_pb2.Duration:
+        """Time to live for RETENTION_POLICY_TTL (at least 1 s, at most 10 years)."""
 
     def __init__(
         self,
@@ -463,10 +544,12 @@ class RememberRequest(_message.Message):
         object: _builtins.str = ...,
         sharing: Global___Sharing | None = ...,
         valid_from: _timestamp_pb2.Timestamp | None = ...,
+        retention_policy: Global___RetentionPolicy.ValueType = ...,
+        ttl: _duration_pb2.Duration | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["scope", b"scope", "sharing", b"sharing", "valid_from", b"valid_from"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["scope", b"scope", "sharing", b"sharing", "ttl", b"ttl", "valid_from", b"valid_from"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["category", b"category", "confidence", b"confidence", "content", b"content", "object", b"object", "pinned", b"pinned", "predicate", b"predicate", "role", b"role", "scope", b"scope", "session_id", b"session_id", "sharing", b"sharing", "source_message_ids", b"source_message_ids", "subject", b"subject", "valid_from", b"valid_from"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["category", b"category", "confidence", b"confidence", "content", b"content", "object", b"object", "pinned", b"pinned", "predicate", b"predicate", "retention_policy", b"retention_policy", "role", b"role", "scope", b"scope", "session_id", b"session_id", "sharing", b"sharing", "source_message_ids", b"source_message_ids", "subject", b"subject", "ttl", b"ttl", "valid_from", b"valid_from"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -480,21 +563,29 @@ class RememberResponse(_message.Message):
 
     MEMORY_FIELD_NUMBER: _builtins.int
     REINFORCED_FIELD_NUMBER: _builtins.int
+    REDACTIONS_FIELD_NUMBER: _builtins.int
     reinforced: _builtins.bool
     """True when an identical active memory existed and was reinforced."""
     @_builtins.property
     def memory(self) -> Global___Memory:
         """The memory as stored now."""
 
+    @_builtins.property
+    def redactions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Kinds of personal data replaced in the stored content (e.g. "card number"), under the
+        tenant's "redact" policy; empty when nothing was redacted.
+        """
+
     def __init__(
         self,
         *,
         memory: Global___Memory | None = ...,
         reinforced: _builtins.bool = ...,
+        redactions: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["memory", b"memory"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["memory", b"memory", "reinforced", b"reinforced"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["memory", b"memory", "redactions", b"redactions", "reinforced", b"reinforced"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1410,6 +1501,8 @@ class ExtractionOutcome(_message.Message):
     TOPICS_FIELD_NUMBER: _builtins.int
     MESSAGES_INDEXED_FIELD_NUMBER: _builtins.int
     REDACTED_FIELD_NUMBER: _builtins.int
+    PII_REJECTED_FIELD_NUMBER: _builtins.int
+    CORE_DEMOTED_FIELD_NUMBER: _builtins.int
     added: _builtins.int
     """New memories written."""
     reinforced: _builtins.int
@@ -1431,7 +1524,11 @@ class ExtractionOutcome(_message.Message):
     messages_indexed: _builtins.int
     """Messages embedded for the searchable history."""
     redacted: _builtins.int
-    """Candidates withheld by redaction before storage (the built-in extractors report 0)."""
+    """Items stored with personal data redacted (facts and episodes)."""
+    pii_rejected: _builtins.int
+    """Candidates dropped because they held personal data the tenant rejects."""
+    core_demoted: _builtins.int
+    """Core memories demoted to ordinary facts to keep the core block within its limit."""
     def __init__(
         self,
         *,
@@ -1446,10 +1543,12 @@ class ExtractionOutcome(_message.Message):
         topics: _builtins.int = ...,
         messages_indexed: _builtins.int = ...,
         redacted: _builtins.int = ...,
+        pii_rejected: _builtins.int = ...,
+        core_demoted: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["added", b"added", "conflicts_resolved", b"conflicts_resolved", "dropped_by_gates", b"dropped_by_gates", "episodes", b"episodes", "messages_indexed", b"messages_indexed", "redacted", b"redacted", "reinforced", b"reinforced", "skipped_by_quota", b"skipped_by_quota", "speakers", b"speakers", "topics", b"topics", "updated", b"updated"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["added", b"added", "conflicts_resolved", b"conflicts_resolved", "core_demoted", b"core_demoted", "dropped_by_gates", b"dropped_by_gates", "episodes", b"episodes", "messages_indexed", b"messages_indexed", "pii_rejected", b"pii_rejected", "redacted", b"redacted", "reinforced", b"reinforced", "skipped_by_quota", b"skipped_by_quota", "speakers", b"speakers", "topics", b"topics", "updated", b"updated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1510,3 +1609,65 @@ class IngestStatus(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___IngestStatus: _TypeAlias = IngestStatus  # noqa: Y015
+
+@_typing.final
+class ExportMemoriesRequest(_message.Message):
+    """---------------------------------------------------------------------------
+    Export.
+
+    Whose data to export.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCOPE_FIELD_NUMBER: _builtins.int
+    WHOLE_USER_FIELD_NUMBER: _builtins.int
+    whole_user: _builtins.bool
+    """Export everything about scope.user_id across all personas and agents. Default false:
+    the exact scope only.
+    """
+    @_builtins.property
+    def scope(self) -> Global___Scope:
+        """Required: whose memory. With whole_user, only user_id (persona and agent empty)."""
+
+    def __init__(
+        self,
+        *,
+        scope: Global___Scope | None = ...,
+        whole_user: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["scope", b"scope"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["scope", b"scope", "whole_user", b"whole_user"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExportMemoriesRequest: _TypeAlias = ExportMemoriesRequest  # noqa: Y015
+
+@_typing.final
+class ExportRecord(_message.Message):
+    """One line of an export; concatenating `json` + "\\n" of every record gives a JSON-lines file."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TYPE_FIELD_NUMBER: _builtins.int
+    JSON_FIELD_NUMBER: _builtins.int
+    type: _builtins.str
+    """"memory" (every version, history included), "episode", "topic", "message", and last
+    "summary" (the counts of each kind).
+    """
+    json: _builtins.str
+    """One JSON object on one line (no line breaks inside)."""
+    def __init__(
+        self,
+        *,
+        type: _builtins.str = ...,
+        json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["json", b"json", "type", b"type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExportRecord: _TypeAlias = ExportRecord  # noqa: Y015

@@ -85,6 +85,11 @@ class MemoryServiceStub:
                 request_serializer=memsvc_dot_v1_dot_memory__pb2.GetMemoryHistoryRequest.SerializeToString,
                 response_deserializer=memsvc_dot_v1_dot_memory__pb2.GetMemoryHistoryResponse.FromString,
                 _registered_method=True)
+        self.ExportMemories = channel.unary_stream(
+                '/memsvc.v1.MemoryService/ExportMemories',
+                request_serializer=memsvc_dot_v1_dot_memory__pb2.ExportMemoriesRequest.SerializeToString,
+                response_deserializer=memsvc_dot_v1_dot_memory__pb2.ExportRecord.FromString,
+                _registered_method=True)
 
 
 class MemoryServiceServicer:
@@ -184,6 +189,17 @@ class MemoryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExportMemories(self, request, context):
+        """Everything stored about one scope, or about the whole user (every persona and agent),
+        as a stream of JSON lines: facts with their history, episodes, topics and messages,
+        then one "summary" record with the counts. Within the caller's tenant only. Read-only,
+        safe to retry (the stream restarts from the beginning). Errors: INVALID_ARGUMENT,
+        UNAUTHENTICATED, UNAVAILABLE.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MemoryServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -231,6 +247,11 @@ def add_MemoryServiceServicer_to_server(servicer, server):
                     servicer.GetMemoryHistory,
                     request_deserializer=memsvc_dot_v1_dot_memory__pb2.GetMemoryHistoryRequest.FromString,
                     response_serializer=memsvc_dot_v1_dot_memory__pb2.GetMemoryHistoryResponse.SerializeToString,
+            ),
+            'ExportMemories': grpc.unary_stream_rpc_method_handler(
+                    servicer.ExportMemories,
+                    request_deserializer=memsvc_dot_v1_dot_memory__pb2.ExportMemoriesRequest.FromString,
+                    response_serializer=memsvc_dot_v1_dot_memory__pb2.ExportRecord.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -482,6 +503,33 @@ class MemoryService:
             '/memsvc.v1.MemoryService/GetMemoryHistory',
             memsvc_dot_v1_dot_memory__pb2.GetMemoryHistoryRequest.SerializeToString,
             memsvc_dot_v1_dot_memory__pb2.GetMemoryHistoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExportMemories(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/memsvc.v1.MemoryService/ExportMemories',
+            memsvc_dot_v1_dot_memory__pb2.ExportMemoriesRequest.SerializeToString,
+            memsvc_dot_v1_dot_memory__pb2.ExportRecord.FromString,
             options,
             channel_credentials,
             insecure,

@@ -102,6 +102,13 @@ class MemoryServiceStub:
     """The supersession chain a memory belongs to, oldest first.
     Errors: INVALID_ARGUMENT, NOT_FOUND.
     """
+    ExportMemories: _grpc.UnaryStreamMultiCallable[_memory_pb2.ExportMemoriesRequest, _memory_pb2.ExportRecord]
+    """Everything stored about one scope, or about the whole user (every persona and agent),
+    as a stream of JSON lines: facts with their history, episodes, topics and messages,
+    then one "summary" record with the counts. Within the caller's tenant only. Read-only,
+    safe to retry (the stream restarts from the beginning). Errors: INVALID_ARGUMENT,
+    UNAUTHENTICATED, UNAVAILABLE.
+    """
 
 @_typing.type_check_only
 class MemoryServiceAsyncStub(MemoryServiceStub):
@@ -164,6 +171,13 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     GetMemoryHistory: _aio.UnaryUnaryMultiCallable[_memory_pb2.GetMemoryHistoryRequest, _memory_pb2.GetMemoryHistoryResponse]  # type: ignore[assignment]
     """The supersession chain a memory belongs to, oldest first.
     Errors: INVALID_ARGUMENT, NOT_FOUND.
+    """
+    ExportMemories: _aio.UnaryStreamMultiCallable[_memory_pb2.ExportMemoriesRequest, _memory_pb2.ExportRecord]  # type: ignore[assignment]
+    """Everything stored about one scope, or about the whole user (every persona and agent),
+    as a stream of JSON lines: facts with their history, episodes, topics and messages,
+    then one "summary" record with the counts. Within the caller's tenant only. Read-only,
+    safe to retry (the stream restarts from the beginning). Errors: INVALID_ARGUMENT,
+    UNAUTHENTICATED, UNAVAILABLE.
     """
 
 class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -278,6 +292,19 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_memory_pb2.GetMemoryHistoryResponse, _abc.Awaitable[_memory_pb2.GetMemoryHistoryResponse]]:
         """The supersession chain a memory belongs to, oldest first.
         Errors: INVALID_ARGUMENT, NOT_FOUND.
+        """
+
+    @_abc_1.abstractmethod
+    def ExportMemories(
+        self,
+        request: _memory_pb2.ExportMemoriesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_memory_pb2.ExportRecord], _abc.AsyncIterator[_memory_pb2.ExportRecord]]:
+        """Everything stored about one scope, or about the whole user (every persona and agent),
+        as a stream of JSON lines: facts with their history, episodes, topics and messages,
+        then one "summary" record with the counts. Within the caller's tenant only. Read-only,
+        safe to retry (the stream restarts from the beginning). Errors: INVALID_ARGUMENT,
+        UNAUTHENTICATED, UNAVAILABLE.
         """
 
 def add_MemoryServiceServicer_to_server(servicer: MemoryServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
