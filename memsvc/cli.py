@@ -1,4 +1,4 @@
-"""The `memsvc` command: dev, serve, worker, migrate, keys."""
+"""The `memsvc` command: dev, serve, worker, migrate, keys, tenants."""
 
 from __future__ import annotations
 
@@ -14,10 +14,17 @@ import asyncpg
 
 from memsvc import log_format
 from memsvc.config import ConfigError, Settings
+from memsvc.governance.policy import (
+    PII_KINDS,
+    PolicyError,
+    TenantPolicies,
+    parse_pii_overrides,
+    parse_pii_policy,
+)
 from memsvc.metrics_http import MetricsEndpoint
 from memsvc.runtime import Runtime
 from memsvc.server.app import MemsvcServer, serve_until_signalled
-from memsvc.storage import api_keys
+from memsvc.storage import api_keys, tenant_settings
 from memsvc.storage.migrate import migrate
 
 log = logging.getLogger("memsvc")
@@ -70,6 +77,29 @@ def _parser() -> argparse.ArgumentParser:
     create.add_argument("--label", default="")
     revoke = keys_sub.add_parser("revoke", help="revoke a key")
     revoke.add_argument("key")
+
+    tenants = sub.add_parser(
+        "tenants", help="per-tenant governance settings (against MEMSVC_PG_DSN)"
+    )
+    tenants_sub = tenants.add_subparsers(dest="tenants_command", required=True)
+    show = tenants_sub.add_parser("show", help="print what applies to a tenant now")
+    show.add_argument("--tenant", required=True)
+    tset = tenants_sub.add_parser("set", help="override the server defaults for a tenant")
+    tset.add_argument("--tenant", required=True)
+    tset.add_argument(
+        "--pii",
+        help='PII screening: "redact", "email=store,phone=store", "reject,email=store" '
+        f"(kinds: {', '.join(PII_KINDS)}; actions: store, redact, reject)",
+    )
+    ttl = tset.add_mutually_exclusive_group()
+    ttl.add_argument(
+        "--message-ttl-days", type=int, help="days a stored message is kept (0: never expires)"
+    )
+    ttl.add_argument(
+        "--default-message-ttl",
+        action="store_true",
+        help="use the server's MEMSVC_MESSAGE_TTL_DAYS again",
+    )
     return parser
 
 
@@ -156,6 +186,40 @@ async def _run_keys(settings: Settings, args: argparse.Namespace) -> None:
         await conn.close()
 
 
+async def _run_tenants(settings: Settings, args: argparse.Namespace) -> None:
+    conn = await asyncpg.connect(settings.pg_dsn, timeout=10)
+    try:
+        await migrate(conn, embedding_dim=settings.embedding_dim)
+        policies = TenantPolicies(
+            None,
+            default_pii=parse_pii_policy(settings.pii_policy),
+            default_message_ttl_s=settings.message_ttl_s,
+        )
+        if args.tenants_command == "set":
+            try:
+                pii = parse_pii_overrides(args.pii) if args.pii else None
+            except PolicyError as exc:
+                raise ConfigError(f"--pii: {exc}") from None
+            if args.message_ttl_days is not None and args.message_ttl_days < 0:
+                raise ConfigError("--message-ttl-days must be >= 0")
+            await tenant_settings.save(
+                conn,
+                args.tenant,
+                pii_policy=pii,
+                message_ttl_s=None
+                if args.message_ttl_days is None
+                else args.message_ttl_days * 86_400,
+                clear_message_ttl=args.default_message_ttl,
+            )
+        policy = policies.resolve(await tenant_settings.load(conn, args.tenant))
+        ttl = policy.message_ttl_s
+        print(f"tenant: {args.tenant}")
+        print(f"message ttl: {'never expires' if ttl == 0 else f'{ttl / 86_400:g} days'}")
+        print("pii: " + ", ".join(f"{kind}={policy.action(kind)}" for kind in PII_KINDS))
+    finally:
+        await conn.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -181,10 +245,11 @@ def main(argv: list[str] | None = None) -> int:
             if not settings.pg_dsn:
                 raise ConfigError("MEMSVC_PG_DSN must be set")
             asyncio.run(_run_migrate(settings))
-        elif args.command == "keys":
+        elif args.command in ("keys", "tenants"):
             if not settings.pg_dsn:
                 raise ConfigError("MEMSVC_PG_DSN must be set")
-            asyncio.run(_run_keys(settings, args))
+            run = _run_keys if args.command == "keys" else _run_tenants
+            asyncio.run(run(settings, args))
     except ConfigError as exc:
         print(f"memsvc: configuration error: {exc}", file=sys.stderr)
         return 2

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from memsvc.governance.policy import PolicyError, parse_pii_policy
+
 DEFAULT_CATEGORIES = ("preference", "profile", "relationship", "goal", "event", "context")
 DEFAULT_ROLES = ("core", "context", "detail", "temporal", "causal")
 
@@ -198,11 +200,23 @@ class Settings:
     # anything over twice this before memsvc reads it (RESOURCE_EXHAUSTED).
     max_request_bytes: int = 4 * 1024 * 1024
 
+    # Governance defaults; a tenant overrides them with `memsvc tenants set`.
+    # PII screening: a default action then per-kind ones ("redact,email=store").
+    pii_policy: str = "redact"
+    # Stored messages (the conversation history) expire after this many days; 0: never.
+    message_ttl_days: int = 90
+    # How long a process trusts its copy of a tenant's settings.
+    tenant_settings_cache_s: float = 5.0
+
     # Used when a write RPC arrives without a deadline: writes are bounded too.
     default_write_deadline_ms: int = 5_000
     # Kept back from a call's deadline to serialize and send the answer.
     deadline_margin_ms: int = 10
     shutdown_grace_s: float = 10.0
+
+    @property
+    def message_ttl_s(self) -> int:
+        return self.message_ttl_days * 86_400
 
     def with_overrides(self, **changes: Any) -> Settings:
         """A copy with some fields replaced (CLI flags win over the environment)."""
@@ -233,6 +247,7 @@ class Settings:
             "USER_ID_PATTERN": "user_id_pattern",
             "METRICS_HOST": "metrics_host",
             "LOG_FORMAT": "log_format",
+            "PII_POLICY": "pii_policy",
         }
         for env_name, attr in str_fields.items():
             raw = get(env_name)
@@ -276,6 +291,7 @@ class Settings:
             "TENANT_BURST": "tenant_burst",
             "TENANT_MAX_IN_FLIGHT": "tenant_max_in_flight",
             "MAX_REQUEST_BYTES": "max_request_bytes",
+            "MESSAGE_TTL_DAYS": "message_ttl_days",
         }
         for env_name, attr in int_fields.items():
             raw = get(env_name)
@@ -295,6 +311,7 @@ class Settings:
             "WORKER_EMBED_TIMEOUT_S": "worker_embed_timeout_s",
             "HALF_LIFE_DAYS": "half_life_days",
             "TENANT_RATE_PER_S": "tenant_rate_per_s",
+            "TENANT_SETTINGS_CACHE_S": "tenant_settings_cache_s",
         }
         for env_name, attr in float_fields.items():
             raw = get(env_name)
@@ -362,6 +379,10 @@ class Settings:
                 f"MEMSVC_PACKET_DEFAULT_CHARS must be within {self.packet_min_chars}.."
                 f"{self.packet_max_chars}"
             )
+        try:
+            parse_pii_policy(self.pii_policy)
+        except PolicyError as exc:
+            raise ConfigError(f"MEMSVC_PII_POLICY: {exc}") from None
         if self.log_format not in ("text", "json"):
             raise ConfigError(f"MEMSVC_LOG_FORMAT: expected text or json, got {self.log_format!r}")
         if self.max_request_bytes < 1024:

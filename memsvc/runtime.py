@@ -20,6 +20,7 @@ from memsvc.extraction.factory import build_extractor
 from memsvc.extraction.guardrails import Thresholds
 from memsvc.extraction.pipeline import ExtractionPipeline, PipelineSettings
 from memsvc.fanout import LegRunner
+from memsvc.governance.policy import TenantPolicies, parse_pii_policy
 from memsvc.ingest.service import IngestService
 from memsvc.loop_lag import LoopLag
 from memsvc.memories.service import MemoryService
@@ -81,6 +82,7 @@ class Runtime:
     embedder: Embedder
     extractor: Extractor
     invalidator: PacketInvalidator
+    policies: TenantPolicies
     memories: MemoryService
     ingest: IngestService
     recall: RecallService
@@ -140,6 +142,12 @@ class Runtime:
             self.extractor = build_extractor(settings)
             self._stack.push_async_callback(self.extractor.aclose)
         self.invalidator = PacketInvalidator(self.redis, timeout_s=settings.redis_timeout_ms / 1000)
+        self.policies = TenantPolicies(
+            self.pool,
+            default_pii=parse_pii_policy(settings.pii_policy),
+            default_message_ttl_s=settings.message_ttl_s,
+            cache_s=settings.tenant_settings_cache_s,
+        )
         acquire_timeout_s = settings.pg_acquire_timeout_ms / 1000
         self.memories = MemoryService(
             self.pool,

@@ -1,0 +1,1 @@
+"""Memory governance: per-tenant policies for personal data and retention."""
