@@ -199,6 +199,11 @@ class Settings:
     # Largest serialized request answered INVALID_ARGUMENT with its size; gRPC itself drops
     # anything over twice this before memsvc reads it (RESOURCE_EXHAUSTED).
     max_request_bytes: int = 4 * 1024 * 1024
+    # ExportMemories: rows per cursor batch; streams at once per process (each holds one
+    # connection and one snapshot while it streams); deadline of a call that sets none.
+    export_batch_rows: int = 500
+    export_max_in_flight: int = 2
+    export_default_deadline_s: int = 600
 
     # Governance defaults; a tenant overrides them with `memsvc tenants set`.
     # PII screening: a default action then per-kind ones ("redact,email=store").
@@ -290,6 +295,9 @@ class Settings:
             "WORKER_MAX_ATTEMPTS": "worker_max_attempts",
             "TENANT_BURST": "tenant_burst",
             "TENANT_MAX_IN_FLIGHT": "tenant_max_in_flight",
+            "EXPORT_BATCH_ROWS": "export_batch_rows",
+            "EXPORT_MAX_IN_FLIGHT": "export_max_in_flight",
+            "EXPORT_DEFAULT_DEADLINE_S": "export_default_deadline_s",
             "MAX_REQUEST_BYTES": "max_request_bytes",
             "MESSAGE_TTL_DAYS": "message_ttl_days",
         }
@@ -387,6 +395,9 @@ class Settings:
             raise ConfigError(f"MEMSVC_LOG_FORMAT: expected text or json, got {self.log_format!r}")
         if self.max_request_bytes < 1024:
             raise ConfigError("MEMSVC_MAX_REQUEST_BYTES must be at least 1024")
+        for name in ("export_batch_rows", "export_max_in_flight", "export_default_deadline_s"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"MEMSVC_{name.upper()} must be at least 1")
         for name in ("recall_default_deadline_ms", "prefetch_default_deadline_ms"):
             if getattr(self, name) <= self.deadline_margin_ms:
                 raise ConfigError(f"MEMSVC_{name.upper()} must exceed MEMSVC_DEADLINE_MARGIN_MS")

@@ -94,3 +94,12 @@ PREFETCH_DEGRADED = Counter("memsvc_prefetch_degraded_total", "Prefetch answers 
 READS_SHED = Counter(
     "memsvc_reads_shed_total", "Reads answered RESOURCE_EXHAUSTED at once (too many in flight)"
 )
+
+# ExportMemories.
+EXPORT_RECORDS = Counter(
+    "memsvc_export_records_total", "Records streamed by ExportMemories, by type", ["type"]
+)
+EXPORT_BATCHES = Counter(
+    "memsvc_export_batches_total", "Cursor batches ExportMemories read from PostgreSQL"
+)
+EXPORTS_IN_FLIGHT = Gauge("memsvc_exports_in_flight", "ExportMemories streams running now")

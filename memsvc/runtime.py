@@ -15,6 +15,7 @@ from memsvc.config import Settings
 from memsvc.embedding import Embedder
 from memsvc.embedding.factory import build_embedder
 from memsvc.embedding.measured import MeasuredEmbedder
+from memsvc.export.service import ExportConfig, ExportService
 from memsvc.extraction.base import Extractor
 from memsvc.extraction.factory import build_extractor
 from memsvc.extraction.guardrails import Thresholds
@@ -87,6 +88,7 @@ class Runtime:
     ingest: IngestService
     recall: RecallService
     prefetch: PrefetchService
+    export: ExportService
     pipeline: ExtractionPipeline
     pipeline_embedder: Embedder
     worker: OutboxWorker | None
@@ -157,6 +159,15 @@ class Runtime:
             embed_timeout_s=settings.embed_timeout_ms / 1000,
         )
         self.ingest = IngestService(self.pool, acquire_timeout_s=acquire_timeout_s)
+        self.export = ExportService(
+            self.pool,
+            ExportConfig(
+                batch_rows=settings.export_batch_rows,
+                max_in_flight=settings.export_max_in_flight,
+                acquire_timeout_s=acquire_timeout_s,
+                fetch_timeout_s=settings.pg_command_timeout_ms / 1000,
+            ),
+        )
         self._build_read_path(settings)
         self.pipeline = ExtractionPipeline(
             self.pool,

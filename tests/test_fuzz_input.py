@@ -509,6 +509,13 @@ def valid_requests(method: str, known: Known) -> st.SearchStrategy[Message]:
             keys,
             st.lists(message, min_size=1, max_size=2, unique_by=lambda m: m.message_id),
         ),
+        "ExportMemories": st.builds(
+            lambda sc, whole: pb.ExportMemoriesRequest(
+                scope=pb.Scope(user_id=sc.user_id) if whole else sc, whole_user=whole
+            ),
+            scopes,
+            st.booleans(),
+        ),
         "GetIngestStatus": st.builds(
             lambda iid, with_scope: pb.GetIngestStatusRequest(
                 ingest_id=iid, scope=ALICE if with_scope else None
@@ -582,14 +589,19 @@ async def call_and_check(
 ) -> grpc.StatusCode:
     """Send one request, check its status, and that a refused one wrote nothing."""
     raw = isinstance(payload, bytes)
-    rpc: Callable[..., Any] = channel.unary_unary(
+    streaming = SERVICE.methods_by_name[method].server_streaming
+    rpc: Callable[..., Any] = (channel.unary_stream if streaming else channel.unary_unary)(
         method_path(method),
         request_serializer=None if raw else request_class(method).SerializeToString,
         response_deserializer=None if raw else response_class(method).FromString,
     )
     before = await fingerprint(pool, fuzz)
     try:
-        await rpc(payload, metadata=metadata, timeout=CALL_TIMEOUT_S)
+        if streaming:
+            async for _ in rpc(payload, metadata=metadata, timeout=CALL_TIMEOUT_S):
+                pass
+        else:
+            await rpc(payload, metadata=metadata, timeout=CALL_TIMEOUT_S)
         code, details = C.OK, ""
     except grpc.aio.AioRpcError as exc:
         code, details = exc.code(), exc.details() or ""

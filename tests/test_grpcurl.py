@@ -64,6 +64,7 @@ async def test_reflection_lists_the_services(server: MemsvcServer) -> None:
         "GetIngestStatus",
     ):
         assert f"rpc {rpc} " in out
+    assert "rpc ExportMemories ( .memsvc.v1.ExportMemoriesRequest ) returns ( stream" in out
 
 
 async def test_health_serving(server: MemsvcServer) -> None:
@@ -111,3 +112,29 @@ async def test_errors_are_readable(server: MemsvcServer, caller: Caller) -> None
         server, "memsvc.v1.MemoryService/ListMemories", data='{"scope": {"user_id": "alice"}}'
     )
     assert code != 0 and "Unauthenticated" in err
+
+
+async def test_export_to_json_lines(server: MemsvcServer, caller: Caller) -> None:
+    """The README's recipe: grpcurl prints one JSON object per record; its `json` field is
+    one line of the export."""
+    body = json.dumps({"scope": {"user_id": "alice"}, "content": "I play the cello"})
+    code, _, err = await grpcurl(
+        server, "memsvc.v1.MemoryService/Remember", data=body, key=caller.key
+    )
+    assert code == 0, err
+    code, out, err = await grpcurl(
+        server,
+        "memsvc.v1.MemoryService/ExportMemories",
+        data='{"scope": {"user_id": "alice"}, "whole_user": true}',
+        key=caller.key,
+    )
+    assert code == 0, err
+    decoder, records, at = json.JSONDecoder(), [], 0
+    while out[at:].strip():
+        at += len(out[at:]) - len(out[at:].lstrip())
+        record, at = decoder.raw_decode(out, at)
+        records.append(record)
+    lines = [json.loads(r["json"]) for r in records]
+    assert [r["type"] for r in records] == ["memory", "summary"]
+    assert lines[0]["content"] == "I play the cello" and lines[0]["type"] == "memory"
+    assert lines[1]["counts"]["memory"] == 1 and lines[1]["whole_user"] is True

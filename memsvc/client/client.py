@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import random
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TypeVar
 
 import grpc
@@ -29,6 +29,8 @@ API_KEY_HEADER = "x-api-key"
 REQUEST_ID_HEADER = "x-request-id"
 # An attempt with less than this left would only come back DEADLINE_EXCEEDED.
 MIN_ATTEMPT_S = 0.005
+# ExportMemories streams a user's whole history: minutes, not a turn's milliseconds.
+EXPORT_TIMEOUT_S = 600.0
 
 
 def new_request_id() -> str:
@@ -183,6 +185,61 @@ class MemoryClient:
             timeout,
             request_id,
         )
+
+    async def export_memories(
+        self,
+        request: pb.ExportMemoriesRequest,
+        *,
+        timeout: float = EXPORT_TIMEOUT_S,
+        request_id: str | None = None,
+    ) -> AsyncIterator[pb.ExportRecord]:
+        """Every record of the export as it arrives (``record.json + "\\n"`` makes a JSON-lines
+        file; the last record is the ``summary``). A refusal before the first record
+        (UNAVAILABLE, RESOURCE_EXHAUSTED) is retried within ``timeout``; a failure after it
+        raises ``MemsvcCallError``: the records seen so far are an incomplete export, so
+        discard them and call again (an export always restarts from the beginning)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s(self._default_preset, timeout)
+        rid = request_id or new_request_id()
+        metadata = grpc.aio.Metadata((REQUEST_ID_HEADER, rid))
+        if self._api_key is not None:
+            metadata.add(API_KEY_HEADER, self._api_key)
+        attempt = 0
+        while True:
+            attempt += 1
+            call = self._stub.ExportMemories(
+                request, timeout=deadline - loop.time(), metadata=metadata
+            )
+            streamed = False
+            try:
+                async for record in call:
+                    streamed = True
+                    yield record
+                return
+            except grpc.aio.AioRpcError as exc:
+                error = from_rpc_error(exc, rpc="ExportMemories", request_id=rid, attempts=attempt)
+                if (
+                    streamed
+                    or attempt >= self._retry.max_attempts
+                    or exc.code() not in self._retry.retryable
+                ):
+                    raise error from exc
+                delay_s = (
+                    backoff_ms(
+                        self._retry,
+                        attempt,
+                        self._random.random(),
+                        retry_after_ms(exc.trailing_metadata()),
+                    )
+                    / 1000
+                )
+                if deadline - loop.time() - delay_s < MIN_ATTEMPT_S:
+                    raise error from exc
+                await asyncio.sleep(delay_s)
+            finally:
+                # Stopping early (break, an exception in the caller's loop) ends the call, so
+                # the server releases its snapshot at once.
+                call.cancel()
 
     # -- Ingest: retried, because the idempotency key makes a repeat harmless -----------------
 

@@ -82,6 +82,7 @@ class MemsvcServer:
                 runtime.ingest,
                 recall=runtime.recall,
                 prefetch=runtime.prefetch,
+                export=runtime.export,
                 on_read=(lambda s: worker.kick(s.tenant_id, s.user_id)) if worker else None,
             )
             server = grpc.aio.server(

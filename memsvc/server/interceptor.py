@@ -15,7 +15,7 @@ import contextvars
 import inspect
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -195,13 +195,22 @@ class ObservingInterceptor(_ServerInterceptor):
             # A coroutine that writes with context.write (the health Watch).
             return ObservingInterceptor._unary(behavior, path, labels)
 
-        async def observed(request: Any, context: Context) -> AsyncIterator[Any]:
+        # A coroutine that writes each response, not a generator that yields it: grpc cancels
+        # a call (caller gone, deadline passed) by cancelling the handler's task, which then
+        # raises here, so the handler's generator is closed at once in its own task (a cursor
+        # and its connection released, the call measured). A yielding wrapper would be left
+        # suspended and closed later by the garbage collector, in another task and context.
+        async def observed(request: Any, context: Context) -> None:
             call = _Call(context, path, labels)
             try:
                 if isinstance(request, Unreadable):
                     await status.abort(context, InvalidArgument(request.message))
-                async for response in behavior(request, context):
-                    yield response
+                responses: AsyncGenerator[Any, None] = behavior(request, context)
+                try:
+                    async for response in responses:
+                        await context.write(response)
+                finally:
+                    await responses.aclose()
             except BaseException as exc:
                 call.finish(final_code(exc, context))
                 raise

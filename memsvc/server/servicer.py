@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
 import grpc
@@ -22,12 +22,13 @@ from memsvc.errors import (
     Unavailable,
     Unimplemented,
 )
+from memsvc.export.service import ExportService
 from memsvc.ingest.service import IngestService
 from memsvc.memories.model import Scope
 from memsvc.memories.service import MemoryService
 from memsvc.prefetch.service import PrefetchService
 from memsvc.retrieval.recall import RecallService
-from memsvc.server import convert, convert_read, status, validate, validate_read
+from memsvc.server import convert, convert_read, status, validate, validate_export, validate_read
 from memsvc.server.auth import Authenticator, Metadata
 from memsvc.storage.errors import map_db_error
 from memsvc.v1 import memory_pb2 as pb
@@ -66,6 +67,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         *,
         recall: RecallService | None = None,
         prefetch: PrefetchService | None = None,
+        export: ExportService | None = None,
         on_read: Callable[[Scope], object] | None = None,
     ) -> None:
         self._settings = settings
@@ -74,6 +76,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         self._ingest = ingest
         self._recall = recall
         self._prefetch = prefetch
+        self._export = export
         # Called (never awaited) when a user reads: kicks a drain of that user's pending
         # ingest work so their memories exist before the next turn. An async callback runs
         # as a background task (referenced until done); either way the read never waits.
@@ -302,6 +305,44 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             default_deadline_ms=self._settings.recall_default_deadline_ms,
             guard_slack_s=self._read_slack(),
         )
+
+    # -- export -------------------------------------------------------------------------------
+
+    async def ExportMemories(
+        self, request: pb.ExportMemoriesRequest, context: Context
+    ) -> AsyncIterator[pb.ExportRecord]:
+        """A server stream: records leave as the cursors read them. An error after the first
+        record still ends the call with its status (the caller discards what it got)."""
+        service = self._export
+        if service is None:
+            await self._unimplemented(context, "ExportMemories", "export")
+            return
+        error: MemsvcError
+        try:
+            tenant = await self._auth.tenant(_metadata(context))
+            request_context.tenant.set(tenant)
+            with self._tenants.admit(tenant):
+                subject = validate_export.export(request, tenant, self._settings)
+                budget = Budget.from_remaining(
+                    context.time_remaining(),
+                    default_ms=self._settings.export_default_deadline_s * 1000,
+                    margin_ms=self._settings.deadline_margin_ms,
+                )
+                async for record in service.export(subject, budget):
+                    yield pb.ExportRecord(type=record.type, json=record.json)
+            return
+        except TimeoutError:
+            error = DeadlineExceeded("ExportMemories did not complete within the call's deadline")
+        except Exception as exc:
+            mapped = to_memsvc_error(exc)
+            if mapped is None:
+                log.exception("ExportMemories failed unexpectedly")
+                error = MemsvcError(f"ExportMemories failed: internal error ({type(exc).__name__})")
+            else:
+                error = mapped
+        if error.code != grpc.StatusCode.INVALID_ARGUMENT:
+            log.info("ExportMemories answered %s", error.code.name)
+        await status.abort(context, error)
 
     # -- write path ---------------------------------------------------------------------------
 

@@ -1,0 +1,1 @@
+"""ExportMemories: everything stored about a subject, as JSON lines (the user's right to data)."""
