@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from memsvc.governance.pii import unknown_phone_regions
 from memsvc.governance.policy import PolicyError, parse_pii_policy
 
 DEFAULT_CATEGORIES = ("preference", "profile", "relationship", "goal", "event", "context")
@@ -208,6 +209,8 @@ class Settings:
     # Governance defaults; a tenant overrides them with `memsvc tenants set`.
     # PII screening: a default action then per-kind ones ("redact,email=store").
     pii_policy: str = "redact"
+    # Regions whose national phone formats the PII screen knows; +international always.
+    pii_phone_regions: tuple[str, ...] = ("US", "GB")
     # Stored messages (the conversation history) expire after this many days; 0: never.
     message_ttl_days: int = 90
     # How long a process trusts its copy of a tenant's settings.
@@ -352,6 +355,8 @@ class Settings:
             values["categories"] = _parse_csv(raw)
         if (raw := get("ROLES")) is not None:
             values["roles"] = _parse_csv(raw)
+        if (raw := get("PII_PHONE_REGIONS")) is not None:
+            values["pii_phone_regions"] = tuple(r.upper() for r in _parse_csv(raw))
         settings = cls(**values)
         settings.validate()
         return settings
@@ -391,6 +396,11 @@ class Settings:
             parse_pii_policy(self.pii_policy)
         except PolicyError as exc:
             raise ConfigError(f"MEMSVC_PII_POLICY: {exc}") from None
+        if unknown := unknown_phone_regions(self.pii_phone_regions):
+            raise ConfigError(
+                f"MEMSVC_PII_PHONE_REGIONS: unknown region(s) {', '.join(unknown)}; expected "
+                "ISO 3166 codes such as US, GB, DE"
+            )
         if self.log_format not in ("text", "json"):
             raise ConfigError(f"MEMSVC_LOG_FORMAT: expected text or json, got {self.log_format!r}")
         if self.max_request_bytes < 1024:

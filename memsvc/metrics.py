@@ -103,3 +103,11 @@ EXPORT_BATCHES = Counter(
     "memsvc_export_batches_total", "Cursor batches ExportMemories read from PostgreSQL"
 )
 EXPORTS_IN_FLIGHT = Gauge("memsvc_exports_in_flight", "ExportMemories streams running now")
+
+# PII screening on the write paths (path: remember, correct, extraction; action: store,
+# redact, reject); labels are closed sets, never the text.
+PII_SCREENED = Counter(
+    "memsvc_pii_screened_total",
+    "Personal data found in text about to be stored, by kind, action taken and write path",
+    ["kind", "action", "path"],
+)

@@ -21,6 +21,7 @@ from memsvc.extraction.factory import build_extractor
 from memsvc.extraction.guardrails import Thresholds
 from memsvc.extraction.pipeline import ExtractionPipeline, PipelineSettings
 from memsvc.fanout import LegRunner
+from memsvc.governance.guard import PiiGuard
 from memsvc.governance.policy import TenantPolicies, parse_pii_policy
 from memsvc.ingest.service import IngestService
 from memsvc.loop_lag import LoopLag
@@ -84,6 +85,7 @@ class Runtime:
     extractor: Extractor
     invalidator: PacketInvalidator
     policies: TenantPolicies
+    guard: PiiGuard
     memories: MemoryService
     ingest: IngestService
     recall: RecallService
@@ -150,6 +152,7 @@ class Runtime:
             default_message_ttl_s=settings.message_ttl_s,
             cache_s=settings.tenant_settings_cache_s,
         )
+        self.guard = PiiGuard(self.policies, phone_regions=settings.pii_phone_regions)
         acquire_timeout_s = settings.pg_acquire_timeout_ms / 1000
         self.memories = MemoryService(
             self.pool,
@@ -157,6 +160,7 @@ class Runtime:
             self.invalidator,
             acquire_timeout_s=acquire_timeout_s,
             embed_timeout_s=settings.embed_timeout_ms / 1000,
+            guard=self.guard,
         )
         self.ingest = IngestService(self.pool, acquire_timeout_s=acquire_timeout_s)
         self.export = ExportService(
@@ -175,6 +179,7 @@ class Runtime:
             self.extractor,
             self.invalidator,
             pipeline_settings(settings),
+            guard=self.guard,
         )
         if self._with_worker:
             await mark_stale(self.pool, self.embedder.model_id)

@@ -39,7 +39,7 @@ async def test_unreachable_embedder_stores_the_memory_unembedded(
     )
     scope = Scope("t-embed-failure", "alice")
     try:
-        record, reinforced = await service.remember(
+        record, reinforced, _ = await service.remember(
             scope,
             NewMemory(
                 content="Speaks Portuguese", category="profile", role="context", confidence=0.9

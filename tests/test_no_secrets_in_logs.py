@@ -2,7 +2,8 @@
 
 A distinctive memory text and key go through every kind of call, succeeding and failing
 (bad input, unknown id, wrong key, unreadable and oversized requests, the extraction
-worker); everything logged at DEBUG, in either format, must hold neither.
+worker); everything logged at DEBUG, in either format, must hold neither. The same for
+personal data the PII screen redacted or rejected.
 """
 
 from __future__ import annotations
@@ -11,10 +12,13 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable
 
+import asyncpg
 import grpc
 import pytest
 
 from memsvc import log_format
+from memsvc.server.app import MemsvcServer
+from memsvc.storage import tenant_settings
 from memsvc.v1 import memory_pb2 as pb
 from memsvc.v1 import memory_pb2_grpc
 from tests.conftest import Caller
@@ -101,3 +105,50 @@ async def test_no_content_or_key_in_logs_or_errors(
     for secret in (marker, caller.key, wrong_key):
         leaks = [line for line in everything if secret in line]
         assert leaks == [], secret
+
+
+async def test_screened_personal_data_never_reaches_a_log_or_an_error(
+    caplog: pytest.LogCaptureFixture,
+    caller: Caller,
+    server: MemsvcServer,
+    pool: asyncpg.Pool,
+    drain: Callable[[], Awaitable[int]],
+) -> None:
+    """Redacted and rejected values appear nowhere: the screen logs kinds and counts only."""
+    card, email, phone = "4539 1488 0343 6467", "quokka.pii@example.org", "(415) 555-0187"
+    await tenant_settings.save(
+        pool, caller.tenant_id, pii_policy={"card_number": "reject", "phone": "redact"}
+    )
+    server.runtime.policies.forget(caller.tenant_id)
+    caplog.set_level(logging.DEBUG)
+    stub = caller.stub
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub.Remember(pb.RememberRequest(scope=ALICE, content=f"My card is {card}"))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    errors = [err.value.details() or "", repr(err.value.trailing_metadata())]
+    memory = (await stub.Remember(pb.RememberRequest(scope=ALICE, content=f"Mail {email}"))).memory
+    await stub.Correct(
+        pb.CorrectRequest(
+            scope=ALICE, memory_id=memory.memory_id, new_content=f"Call {phone}", reason=email
+        )
+    )
+    await stub.Ingest(
+        pb.IngestRequest(
+            session_id="s-pii",
+            scope=ALICE,
+            idempotency_key=uuid.uuid4().hex,
+            messages=[
+                msg("alice", f"Remember that my card number is {card}"),
+                msg("alice", f"I want to call my mom at {phone}"),
+            ],
+            end_of_session=True,
+        )
+    )
+    assert await drain() >= 1
+    screened = [r.getMessage() for r in caplog.records if r.name == "memsvc.governance.guard"]
+    assert any("card_number reject" in line for line in screened), screened
+    everything = [caplog.text, *errors]
+    for record in caplog.records:
+        everything += [log_format.JsonFormatter().format(record)]
+    for secret in (card, card.replace(" ", ""), email, phone):
+        assert [line for line in everything if secret in line] == [], secret

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 
 import asyncpg
@@ -30,6 +30,8 @@ from memsvc.extraction.base import (
 from memsvc.extraction.gate import is_phatic
 from memsvc.extraction.guardrails import Thresholds, Verdict, classify, passes_floor, rules_decision
 from memsvc.extraction.rules import HISTORICAL_OF
+from memsvc.governance.guard import PiiGuard, is_core
+from memsvc.governance.pii import Screened
 from memsvc.memories.model import NewMemory, Scope
 from memsvc.memories.normalize import content_hash, normalize_content
 from memsvc.storage import extraction as store
@@ -56,6 +58,7 @@ class Outcome:
     topics: int = 0
     messages_indexed: int = 0
     redacted: int = 0
+    pii_rejected: int = 0
 
     def add(self, other: Outcome | dict[str, int]) -> None:
         values = other if isinstance(other, dict) else other.as_dict()
@@ -106,12 +109,15 @@ class ExtractionPipeline:
         extractor: Extractor,
         invalidator: PacketInvalidator,
         settings: PipelineSettings,
+        guard: PiiGuard | None = None,
     ) -> None:
         self._pool = pool
         self._embedder = embedder
         self._extractor = extractor
         self._invalidator = invalidator
         self._settings = settings
+        # The PII screen of extracted facts and episodes (default: redact every kind).
+        self._guard = guard or PiiGuard.default()
         self._user_id = re.compile(settings.user_id_pattern)
 
     async def run(self, job: Job) -> Outcome:
@@ -220,10 +226,14 @@ class ExtractionPipeline:
         topics = tuple(
             dict.fromkeys(t.strip().lower()[:80] for t in extraction.topics if t.strip())
         )
+        policy = await self._guard.policy(scope.tenant_id)
+        candidates = self._screen_pii(candidates, policy, outcome)
+        topics = self._screen_topics(topics, policy)
 
         async with self._pool.acquire() as conn:
             previous = await store.episode_summary(conn, scope, job.session_id)
         episode = _merge_episode(previous, extraction.episode)
+        episode = self._screen_episode(episode, policy, outcome)
         texts = [c.content for c in candidates] + list(topics)
         if episode is not None:
             texts.append(f"{episode.title}. {episode.summary}")
@@ -320,6 +330,53 @@ class ExtractionPipeline:
                 replace(fact, content=content, confidence=confidence, source_message_ids=sources)
             )
         return screened
+
+    def _screen_pii(
+        self, candidates: Sequence[CandidateFact], policy: Mapping[str, str], outcome: Outcome
+    ) -> list[CandidateFact]:
+        """The PII screen, before embedding and dedup: personal data in a fact's content,
+        subject and object is redacted, or the fact is dropped when the tenant rejects it."""
+        kept: list[CandidateFact] = []
+        found: list[Screened] = []
+        for fact in candidates:
+            core = is_core(fact.role, pinned=False)
+            content, subject, obj = (
+                self._guard.screen(text, policy, core=core)
+                for text in (fact.content, fact.subject, fact.object)
+            )
+            found += (content, subject, obj)
+            if content.rejected_kinds or subject.rejected_kinds or obj.rejected_kinds:
+                outcome.pii_rejected += 1
+                continue
+            if content.redactions or subject.redactions or obj.redactions:
+                outcome.redacted += 1
+                fact = replace(fact, content=content.text, subject=subject.text, object=obj.text)
+            kept.append(fact)
+        self._guard.record("extraction", found)
+        return kept
+
+    def _screen_topics(self, topics: Sequence[str], policy: Mapping[str, str]) -> tuple[str, ...]:
+        """A topic name holding personal data the tenant does not store is not linked."""
+        screened = [self._guard.screen(t, policy) for t in topics]
+        self._guard.record("extraction", screened)
+        return tuple(t for t, s in zip(topics, screened, strict=True) if s.text == t)
+
+    def _screen_episode(
+        self, episode: CandidateEpisode | None, policy: Mapping[str, str], outcome: Outcome
+    ) -> CandidateEpisode | None:
+        """An episode's title, summary and excerpt are redacted (a rejected kind too: the
+        episode itself is kept)."""
+        if episode is None:
+            return None
+        title, summary, excerpt = (
+            self._guard.screen(text, policy, may_reject=False)
+            for text in (episode.title, episode.summary, episode.excerpt)
+        )
+        self._guard.record("extraction", [title, summary, excerpt])
+        if not (title.redactions or summary.redactions or excerpt.redactions):
+            return episode
+        outcome.redacted += 1
+        return replace(episode, title=title.text, summary=summary.text, excerpt=excerpt.text)
 
     def _goal_facts(self, speaker: _Speaker) -> list[CandidateFact]:
         """Terminal session goals become core facts of the session owner (structured evidence)."""

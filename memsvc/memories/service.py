@@ -6,6 +6,7 @@ import logging
 import uuid
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
+from typing import NamedTuple
 
 import asyncpg
 import numpy as np
@@ -14,6 +15,7 @@ from memsvc.cache.invalidation import PacketInvalidator
 from memsvc.deadline import Budget
 from memsvc.embedding import Embedder, EmbeddingError
 from memsvc.errors import FailedPrecondition, InvalidArgument, NotFound
+from memsvc.governance.guard import PiiGuard, is_core
 from memsvc.memories.model import ListQuery, MemoryRecord, NewMemory, Page, Scope
 from memsvc.memories.normalize import content_hash
 from memsvc.storage import erasure, versions
@@ -23,6 +25,15 @@ from memsvc.storage.pool import acquire
 log = logging.getLogger(__name__)
 
 CORRECTED_CONFIDENCE = 1.0
+
+
+class Remembered(NamedTuple):
+    """What Remember did: the row, whether an identical memory was reinforced, and the
+    labels of the personal data redacted from it."""
+
+    record: MemoryRecord
+    reinforced: bool
+    redactions: tuple[str, ...] = ()
 
 
 class MemoryService:
@@ -36,12 +47,15 @@ class MemoryService:
         *,
         acquire_timeout_s: float,
         embed_timeout_s: float,
+        guard: PiiGuard | None = None,
     ) -> None:
         self._pool = pool
         self._embedder = embedder
         self._invalidator = invalidator
         self._acquire_timeout_s = acquire_timeout_s
         self._embed_timeout_s = embed_timeout_s
+        # The PII screen of every write (default: redact every kind).
+        self._guard = guard or PiiGuard.default()
 
     def _connection(self, budget: Budget) -> AbstractAsyncContextManager[asyncpg.Connection]:
         return acquire(self._pool, budget, timeout_s=self._acquire_timeout_s)
@@ -59,10 +73,9 @@ class MemoryService:
         vector: np.ndarray = vectors[0]
         return vector
 
-    async def remember(
-        self, scope: Scope, memory: NewMemory, budget: Budget
-    ) -> tuple[MemoryRecord, bool]:
-        """Store a memory, or reinforce the identical active one. Returns (row, reinforced)."""
+    async def remember(self, scope: Scope, memory: NewMemory, budget: Budget) -> Remembered:
+        """Store a memory, or reinforce the identical active one, after the PII screen."""
+        memory, redactions = await self._guard.screen_memory(scope.tenant_id, memory)
         digest = content_hash(memory.content)
         async with self._connection(budget) as conn:
             # An exact duplicate needs no embedding: skip the model call when we can see it.
@@ -79,12 +92,15 @@ class MemoryService:
                 )
                 await versions.bump_version(conn, scope.tenant_id, scope.user_id)
         await self._invalidator.drop_user(scope.tenant_id, scope.user_id)
-        return record, reinforced
+        return Remembered(record, reinforced, redactions)
 
     async def correct(
         self, scope: Scope, memory_id: uuid.UUID, new_content: str, reason: str, budget: Budget
     ) -> MemoryRecord:
         """Supersede a memory by a corrected version (confidence 1.0); nothing is deleted."""
+        new_content, reason = await self._screen_correction(
+            scope, memory_id, new_content, reason, budget
+        )
         digest = content_hash(new_content)
         embedding = await self._embed_one(new_content, budget)
         async with self._connection(budget) as conn, conn.transaction():
@@ -132,6 +148,21 @@ class MemoryService:
             await versions.bump_version(conn, scope.tenant_id, scope.user_id)
         await self._invalidator.drop_user(scope.tenant_id, scope.user_id)
         return record
+
+    async def _screen_correction(
+        self, scope: Scope, memory_id: uuid.UUID, new_content: str, reason: str, budget: Budget
+    ) -> tuple[str, str]:
+        """The PII screen of a correction; whether the memory is core is read only when the
+        tenant's policy would keep some personal data."""
+
+        async def corrects_core() -> bool:
+            async with self._connection(budget) as conn:
+                old = await store.get_visible(conn, scope, memory_id)
+            return old is not None and is_core(old.role, old.pinned)
+
+        return await self._guard.screen_correction(
+            scope.tenant_id, new_content, reason, corrects_core
+        )
 
     async def forget(
         self,

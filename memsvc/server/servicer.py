@@ -137,8 +137,12 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
                 request.scope, tenant, self._settings, present=request.HasField("scope")
             )
             memory = validate.remember(request, self._settings)
-            record, reinforced = await self._memories.remember(scope, memory, budget)
-            return pb.RememberResponse(memory=convert.memory(record), reinforced=reinforced)
+            done = await self._memories.remember(scope, memory, budget)
+            return pb.RememberResponse(
+                memory=convert.memory(done.record),
+                reinforced=done.reinforced,
+                redactions=done.redactions,
+            )
 
         return await self._run(
             context, "Remember", handle, default_deadline_ms=self._write_deadline()

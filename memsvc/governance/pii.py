@@ -1,0 +1,568 @@
+"""Personal-data detectors and the screen that redacts or rejects what they find.
+
+Pure functions over text. Precision comes first: every detector needs a checksum (cards,
+IBANs, routing numbers), a registered number plan (phones, via libphonenumber's metadata), a
+strict official format (US SSN, UK NI number) or a keyword in front ("my passport number is",
+"OTP:", "my password is"). Dates, times, prices, years, versions, zip codes, quantities,
+order and tracking numbers pass untouched.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import phonenumbers
+
+from memsvc.governance.policy import PII_KINDS, REDACT, REJECT, STORE
+
+# Human wording: the label in the stored text and the noun in error messages.
+LABELS = {
+    "card_number": "card number",
+    "government_id": "government id",
+    "bank_account": "bank account",
+    "password": "password",
+    "one_time_code": "one-time code",
+    "email": "email",
+    "phone": "phone number",
+}
+NOUNS = {
+    "card_number": "a payment card number",
+    "government_id": "a government id number",
+    "bank_account": "a bank account number",
+    "password": "a password",
+    "one_time_code": "a one-time code",
+    "email": "an email address",
+    "phone": "a phone number",
+}
+DEFAULT_PHONE_REGIONS = ("US", "GB")
+
+
+def placeholder(kind: str) -> str:
+    """The visible replacement of one span: ``[redacted card number]``."""
+    return f"[redacted {LABELS[kind]}]"
+
+
+@dataclass(frozen=True, order=True)
+class Span:
+    """Personal data of one kind at text[start:end]."""
+
+    start: int
+    end: int
+    kind: str
+
+
+# -- checksums -------------------------------------------------------------------------------
+
+
+def luhn_valid(digits: str) -> bool:
+    """The Luhn (mod 10) check every payment card number satisfies."""
+    if not digits.isdigit() or len(digits) < 2:
+        return False
+    total = 0
+    for position, char in enumerate(reversed(digits)):
+        value = int(char)
+        if position % 2 == 1:
+            value *= 2
+            if value > 9:
+                value -= 9
+        total += value
+    return total % 10 == 0
+
+
+def card_prefix_valid(digits: str) -> bool:
+    """The issuer prefix (IIN) belongs to a card network that issues numbers of this length."""
+    n = len(digits)
+    if n < 13 or n > 19 or len(set(digits)) == 1:
+        return False
+    p2, p3, p4 = int(digits[:2]), int(digits[:3]), int(digits[:4])
+    if digits[0] == "4":  # Visa
+        return n in (13, 16, 19)
+    if 51 <= p2 <= 55 or 2221 <= p4 <= 2720:  # Mastercard
+        return n == 16
+    if p2 in (34, 37):  # American Express
+        return n == 15
+    if p4 == 6011 or 644 <= p3 <= 649 or p2 == 65:  # Discover
+        return 16 <= n <= 19
+    if p2 == 62:  # UnionPay
+        return 16 <= n <= 19
+    if 3528 <= p4 <= 3589:  # JCB
+        return 16 <= n <= 19
+    if 300 <= p3 <= 305 or p2 in (36, 38, 39) or p4 == 3095:  # Diners Club
+        return 14 <= n <= 19
+    if 2200 <= p4 <= 2204:  # Mir
+        return 16 <= n <= 19
+    if p2 in (50, 56, 57, 58, 63, 67) or p2 == 60 or p2 in (81, 82):  # Maestro, RuPay
+        return 13 <= n <= 19
+    return False
+
+
+def iban_valid(iban: str) -> bool:
+    """ISO 13616: a known country's length and the mod-97 check."""
+    compact = iban.replace(" ", "").upper()
+    if _IBAN_LENGTHS.get(compact[:2]) != len(compact) or not compact.isalnum():
+        return False
+    rearranged = compact[4:] + compact[:4]
+    return int("".join(str(int(c, 36)) for c in rearranged)) % 97 == 1
+
+
+def aba_valid(digits: str) -> bool:
+    """The checksum of a US bank routing (ABA) number."""
+    if len(digits) != 9 or not digits.isdigit():
+        return False
+    d = [int(c) for c in digits]
+    return (3 * (d[0] + d[3] + d[6]) + 7 * (d[1] + d[4] + d[7]) + d[2] + d[5] + d[8]) % 10 == 0
+
+
+def ssn_valid(area: str, group: str, serial: str) -> bool:
+    """A US social security number the SSA could have issued."""
+    if area in ("000", "666") or area[0] == "9" or group == "00" or serial == "0000":
+        return False
+    return f"{area}{group}{serial}" not in ("078051120", "219099999")
+
+
+_IBAN_LENGTHS = {
+    "AD": 24, "AE": 23, "AL": 28, "AT": 20, "AZ": 28, "BA": 20, "BE": 16, "BG": 22, "BH": 22,
+    "BI": 27, "BR": 29, "BY": 28, "CH": 21, "CR": 22, "CY": 28, "CZ": 24, "DE": 22, "DJ": 27,
+    "DK": 18, "DO": 28, "EE": 20, "EG": 29, "ES": 24, "FI": 18, "FK": 18, "FO": 18, "FR": 27,
+    "GB": 22, "GE": 22, "GI": 23, "GL": 18, "GR": 27, "GT": 28, "HN": 28, "HR": 21, "HU": 28,
+    "IE": 22, "IL": 23, "IQ": 23, "IS": 26, "IT": 27, "JO": 30, "KW": 30, "KZ": 20, "LB": 28,
+    "LC": 32, "LI": 21, "LT": 20, "LU": 20, "LV": 21, "LY": 25, "MC": 27, "MD": 24, "ME": 22,
+    "MK": 19, "MN": 20, "MR": 27, "MT": 31, "MU": 30, "NI": 28, "NL": 18, "NO": 15, "OM": 23,
+    "PK": 24, "PL": 28, "PS": 29, "PT": 25, "QA": 29, "RO": 24, "RS": 22, "RU": 33, "SA": 24,
+    "SC": 31, "SD": 18, "SE": 24, "SI": 19, "SK": 24, "SM": 27, "SO": 23, "ST": 25, "SV": 28,
+    "TL": 23, "TN": 24, "TR": 26, "UA": 29, "VA": 22, "VG": 24, "XK": 20, "YE": 30,
+}  # fmt: skip
+
+
+# -- detectors ---------------------------------------------------------------------------------
+
+# Runs of digit groups separated by one space or dash, not glued to letters or decimals.
+_DIGIT_RUN = re.compile(r"(?<![\w.,/#@-])\d+(?:[ -]\d+)*", re.ASCII)
+_GROUP = re.compile(r"\d+", re.ASCII)
+_CARD_LAYOUTS = ((4, 6, 5), (4, 6, 4))
+
+
+def _card_layout_ok(lengths: Sequence[int]) -> bool:
+    if len(lengths) == 1:
+        return True
+    if tuple(lengths) in _CARD_LAYOUTS:
+        return True
+    return all(n == 4 for n in lengths[:-1]) and 1 <= lengths[-1] <= 4
+
+
+def _glued_after(text: str, end: int) -> bool:
+    """The match continues as a word, a decimal or a slash-date right after ``end``."""
+    if end >= len(text):
+        return False
+    char = text[end]
+    if char.isalnum() or char in "_@":
+        return True
+    return char in ".,/:" and end + 1 < len(text) and text[end + 1].isdigit()
+
+
+def find_cards(text: str) -> Iterator[Span]:
+    """13-19 digit card numbers, grouped as cards are, Luhn-checked, from a real network."""
+    for run in _DIGIT_RUN.finditer(text):
+        groups = list(_GROUP.finditer(text, run.start(), run.end()))
+        i = 0
+        while i < len(groups):
+            found = None
+            digits = ""
+            for j in range(i, len(groups)):
+                digits += groups[j].group()
+                if len(digits) > 19:
+                    break
+                window = groups[i : j + 1]
+                separators = {text[g.end()] for g in window[:-1]}
+                if (
+                    len(digits) >= 13
+                    and len(separators) <= 1
+                    and _card_layout_ok([len(g.group()) for g in window])
+                    and not (j == len(groups) - 1 and _glued_after(text, groups[j].end()))
+                    and luhn_valid(digits)
+                    and card_prefix_valid(digits)
+                ):
+                    found = j
+            if found is not None and _is_reference(text, groups[i].start()):
+                found = None
+            if found is None:
+                i += 1
+                continue
+            yield Span(groups[i].start(), groups[found].end(), "card_number")
+            i = found + 1
+
+
+_IBAN = re.compile(r"(?<![\w])[A-Z]{2}\d{2}(?: ?[A-Z0-9]){10,30}(?![\w])", re.ASCII)
+
+
+def find_ibans(text: str) -> Iterator[Span]:
+    """IBANs (compact or in groups of four), country length and mod-97 checked."""
+    for m in _IBAN.finditer(text):
+        length = _IBAN_LENGTHS.get(m.group()[:2])
+        if length is None:
+            continue
+        # Take exactly the country's length of characters; the rest may be another word.
+        count, end = 0, m.start()
+        for end in range(m.start(), m.end()):
+            if text[end] != " ":
+                count += 1
+            if count == length:
+                break
+        end += 1
+        if count != length or _glued_after(text, end) or not iban_valid(text[m.start() : end]):
+            continue
+        yield Span(m.start(), end, "bank_account")
+
+
+_SSN = re.compile(r"(?<![\w-])(\d{3})-(\d{2})-(\d{4})(?![\w-])", re.ASCII)
+_UK_NI = re.compile(
+    r"(?<![\w])(?!BG|GB|NK|KN|TN|NT|ZZ)[A-CEGHJ-PR-TW-Z][A-CEGHJ-NPR-TW-Z]"
+    r"(?: ?\d{2}){3} ?[A-D](?![\w])",
+    re.ASCII,
+)
+# Words right before a number that make it a business reference, not personal data.
+_REFERENCE_BEFORE = re.compile(
+    r"\b(?:order|invoice|tracking|track|ref|reference|confirmation|booking|reservation|ticket"
+    r"|policy|case|serial|part|model|sku|item|isbn|po|receipt|transaction|claim|flight"
+    r"|shipment|parcel|package|product|room|gate|seat|lot|batch|version)"
+    r"\s*(?:number|no\.?|num|nr|#|id|code)?\s*(?:is|was|:|=|-)?\s*#?\s*$",
+    re.I,
+)
+
+
+def _is_reference(text: str, start: int) -> bool:
+    return _REFERENCE_BEFORE.search(text[max(0, start - 40) : start]) is not None
+
+
+def find_ssns(text: str) -> Iterator[Span]:
+    """US social security numbers written NNN-NN-NNNN, issued ranges only."""
+    for m in _SSN.finditer(text):
+        if ssn_valid(m[1], m[2], m[3]) and not _is_reference(text, m.start()):
+            yield Span(m.start(), m.end(), "government_id")
+
+
+def find_uk_ni(text: str) -> Iterator[Span]:
+    """UK National Insurance numbers (QQ 12 34 56 C), excluding never-issued prefixes."""
+    for m in _UK_NI.finditer(text):
+        yield Span(m.start(), m.end(), "government_id")
+
+
+# What may stand between a keyword and its value: "number", "is", ":", "#", "my"...
+_FILLER = re.compile(
+    r"(?:\s+|[:#=]|-(?!\d)|\b(?:numbers?|no\.?|num|nr|id|card|code|is|was|are|reads|says"
+    r"|it's|its|it is|it was|that's|my|the|of|mine|would be|will be|should be|set to"
+    r"|changed to|changed it to|to)\b)*",
+    re.I,
+)
+_LINKERS = re.compile(r"[:=]|\b(?:is|was|are|reads|says|it's|it is|be|to)\b", re.I)
+
+
+def _value_after(text: str, pos: int, value: re.Pattern[str]) -> tuple[re.Match[str], bool] | None:
+    """The value right after a keyword (skipping filler words); and whether a linker
+    ("is", ":", "=") stood between them."""
+    filler = _FILLER.match(text, pos)
+    assert filler is not None
+    if filler.end() - pos > 40:
+        return None
+    m = value.match(text, filler.end())
+    if m is None:
+        return None
+    return m, _LINKERS.search(filler.group()) is not None
+
+
+# An id value: alphanumeric chunks that hold digits, joined by single spaces or dashes.
+_ID_VALUE = re.compile(r"(?:[A-Z0-9]*\d[A-Z0-9]*)(?:[ -][A-Z0-9]*\d[A-Z0-9]*)*(?![\w])", re.I)
+_DATE_LIKE = re.compile(
+    r"^(?:\d{4}[-/.]\d{1,2}[-/.]\d{1,2}|\d{1,2}[-/.]\d{1,2}[-/.]\d{2,4}|\d{4})$", re.ASCII
+)
+_GOV_KEYWORD = re.compile(
+    r"\b(?:passport|national\s+(?:id|identity|identification|insurance)|social\s+security"
+    r"|social\s+insurance|ssn|(?:sin|tin|itin|ein|nin|nino)\s*(?:number|no\.?|#)"
+    r"|driver'?s?\s+licen[cs]e|driving\s+licen[cs]e|licen[cs]e\s+(?:number|no\.?|#)"
+    r"|tax\s+(?:id|identification|file|reference)|aadhaa?r|pan\s+(?:card|number)"
+    r"|nhs\s+number|identity\s+(?:card|number|document)"
+    r"|personal\s+(?:id|identity|identification)\s*(?:number|code)?|personnummer|dni|nie|cpf"
+    r"|curp|medicare\s+(?:card|number)|health\s+(?:card|insurance)\s+number|voter\s+id"
+    r"|residence\s+permit|green\s+card|alien\s+(?:registration\s+)?number)\b",
+    re.I,
+)
+
+
+def find_keyword_ids(text: str) -> Iterator[Span]:
+    """Government ids named by a keyword: "my passport number is X1234567"."""
+    for key in _GOV_KEYWORD.finditer(text):
+        found = _value_after(text, key.end(), _ID_VALUE)
+        if found is None:
+            continue
+        m, _ = found
+        value = m.group()
+        digits = sum(c.isdigit() for c in value)
+        alnum = sum(c.isalnum() for c in value)
+        plausible = digits >= 5 and 5 <= alnum <= 24 and not _DATE_LIKE.match(value)
+        if plausible and not _glued_after(text, m.end()):
+            yield Span(m.start(), m.end(), "government_id")
+
+
+_BANK_KEYWORD = re.compile(
+    r"\b(?:(?:bank\s+)?account\s*(?:number|no\.?|num|#)|acct\.?(?:\s*(?:number|no\.?|#))?"
+    r"|(?:bank|checking|savings|current)\s+account|routing(?:\s+(?:number|no\.?|#))?"
+    r"|aba(?:\s+(?:number|no\.?|#))?|sort\s*code|bsb(?:\s+number)?|ifsc(?:\s+code)?"
+    r"|transit\s+number)\b",
+    re.I,
+)
+_ACCOUNT_VALUE = re.compile(r"\d+(?:[ -]\d+)*(?![\w])", re.ASCII)
+
+
+def find_bank_accounts(text: str) -> Iterator[Span]:
+    """Account, routing and sort-code numbers named by a keyword ("account number 12345678")."""
+    for key in _BANK_KEYWORD.finditer(text):
+        found = _value_after(text, key.end(), _ACCOUNT_VALUE)
+        if found is None:
+            continue
+        m, _ = found
+        digits = re.sub(r"\D", "", m.group())
+        keyword = key.group().lower()
+        if keyword.startswith(("routing", "aba")) and not aba_valid(digits):
+            continue
+        if 6 <= len(digits) <= 17 and not _glued_after(text, m.end()):
+            yield Span(m.start(), m.end(), "bank_account")
+
+
+_PASSWORD_KEYWORD = re.compile(
+    r"\b(?P<pin>pin(?:\s*(?:code|number|no\.?))?|(?:door|alarm|gate|garage|keypad|lock|locker"
+    r"|safe)\s+(?:code|combination|pin)|combination)\b"
+    r"|\b(?:pass(?:word|code|phrase)s?|pass\s+phrase|passwd|pwd|wi-?fi\s+key)\b"
+    r"(?:\s+(?:for|to|on|of)\s+(?:my\s+|the\s+|our\s+)?[\w.'-]+(?:\s+(?:account|app|login"
+    r"|site|wifi|wi-fi|router|email|laptop|phone))?)?",
+    re.I,
+)
+_QUOTED = re.compile(r"[\"\u201c'\u2018]([^\"\u201d'\u2019\n]{1,80})[\"\u201d'\u2019]")
+_TOKEN = re.compile(r"[^\s\"'\u201c\u201d\u2018\u2019]{3,64}")
+_PIN_VALUE = re.compile(r"\d{4,8}(?![\w])", re.ASCII)
+# Words after "password is" that describe it rather than state it.
+_NOT_SECRETS = frozenset(
+    """
+    too very really not the a an same different strong weak long short easy hard simple secure
+    safe expired wrong incorrect correct right saved stored changed reset required needed
+    something still also just my your his her their our in on at for of and or but that this
+    it there here now being been protected set updated case sensitive forgotten lost blank
+    empty what which where how why who when locked missing invalid valid new old mine yours
+    written somewhere manager managers hint hints policy policies please so only always never
+    one ones like about
+    """.split()  # noqa: SIM905
+)
+
+
+def _secret_token(text: str, start: int) -> tuple[int, int] | None:
+    quoted = _QUOTED.match(text, start)
+    if quoted is not None:
+        return quoted.start(1), quoted.end(1)
+    token = _TOKEN.match(text, start)
+    if token is None:
+        return None
+    value = token.group().rstrip(".,;:!?)]}")
+    if len(value) < 3 or value.lower() in _NOT_SECRETS:
+        return None
+    return token.start(), token.start() + len(value)
+
+
+def find_passwords(text: str) -> Iterator[Span]:
+    """Passwords, PINs and door codes stated outright: "my password is X", "PIN: 4821"."""
+    for key in _PASSWORD_KEYWORD.finditer(text):
+        if key.group("pin"):
+            found = _value_after(text, key.end(), _PIN_VALUE)
+            if found is not None and not _glued_after(text, found[0].end()):
+                yield Span(found[0].start(), found[0].end(), "password")
+            continue
+        filler = _FILLER.match(text, key.end())
+        assert filler is not None
+        if filler.end() - key.end() > 40 or not _LINKERS.search(filler.group()):
+            continue
+        secret = _secret_token(text, filler.end())
+        if secret is not None:
+            yield Span(secret[0], secret[1], "password")
+
+
+_CVV_KEYWORD = re.compile(
+    r"\b(?:cvv2?|cvc2?|cid|card\s+(?:security|verification)\s+(?:code|value|number)"
+    r"|security\s+code\s+(?:on|of)\s+(?:the|my)\s+card)\b",
+    re.I,
+)
+_CVV_VALUE = re.compile(r"\d{3,4}(?![\w])", re.ASCII)
+_OTP_KEYWORD = re.compile(
+    r"\b(?:otp|totp|2fa|mfa"
+    r"|(?:verification|verify|security|login|log-in|sign-in|signin|auth|authentication"
+    r"|authorization|access|one[- ]time|2fa|two[- ]factor|mfa|sms|text)\s+(?:code|pin|passcode)"
+    r"|one[- ]time\s+(?:password|passcode|pin)"
+    r"|code\s+(?:(?:that|which|they|you|we|i|the\s+\w+)\s+)?(?:just\s+)?"
+    r"(?:sent|texted|emailed|got|received)(?:\s+(?:me|you|us|to\s+me))?)\b",
+    re.I,
+)
+_OTP_VALUE = re.compile(r"(?:\d{3,4}[ -]\d{3,4}|\d{4,8})(?![\w])", re.ASCII)
+
+
+def find_card_codes(text: str) -> Iterator[Span]:
+    """Card security codes (CVV/CVC) named as such: part of the card data."""
+    for key in _CVV_KEYWORD.finditer(text):
+        found = _value_after(text, key.end(), _CVV_VALUE)
+        if found is not None and not _glued_after(text, found[0].end()):
+            yield Span(found[0].start(), found[0].end(), "card_number")
+
+
+def find_one_time_codes(text: str) -> Iterator[Span]:
+    """Verification codes: "verification code 482913", "OTP: 4821", "the code they sent is"."""
+    for key in _OTP_KEYWORD.finditer(text):
+        found = _value_after(text, key.end(), _OTP_VALUE)
+        if found is not None and not _glued_after(text, found[0].end()):
+            yield Span(found[0].start(), found[0].end(), "one_time_code")
+
+
+_EMAIL = re.compile(
+    r"(?<![\w.+%-])[A-Za-z0-9](?:[A-Za-z0-9._%+-]{0,63})@"
+    r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+[A-Za-z]{2,24}(?![\w-])",
+    re.ASCII,
+)
+
+
+def find_emails(text: str) -> Iterator[Span]:
+    for m in _EMAIL.finditer(text):
+        yield Span(m.start(), m.end(), "email")
+
+
+_PHONE_CONTEXT = re.compile(
+    r"\b(?:call|calls|called|calling|phone|number|cell|cellphone|mobile|tel|telephone|text"
+    r"|texts|sms|whatsapp|signal|reach|contact|fax|landline|dial|ring|ph|hotline|extension)\b",
+    re.I,
+)
+
+
+def find_phones(text: str, regions: Sequence[str] = DEFAULT_PHONE_REGIONS) -> Iterator[Span]:
+    """Phone numbers valid in their numbering plan: international (+...) anywhere, national
+    ones of the given regions. Bare digit strings need a phone word nearby ("call me on")."""
+    if sum(c.isdigit() for c in text) < 7:
+        return
+    seen: set[tuple[int, int]] = set()
+    for region in regions:
+        for match in phonenumbers.PhoneNumberMatcher(text, region, phonenumbers.Leniency.VALID):
+            where = (match.start, match.end)
+            if where in seen:
+                continue
+            seen.add(where)
+            raw = match.raw_string
+            glued_before = match.start > 0 and (
+                text[match.start - 1].isalnum() or text[match.start - 1] in "-/_#@"
+            )
+            if glued_before or _glued_after(text, match.end) or _is_reference(text, match.start):
+                continue
+            formatted = any(c in raw for c in "+() -.")
+            if not formatted and not _PHONE_CONTEXT.search(
+                text[max(0, match.start - 40) : match.start]
+            ):
+                continue
+            yield Span(match.start, match.end, "phone")
+
+
+# Most specific first: a span overlapping an earlier detector's span is dropped.
+def detect(text: str, *, phone_regions: Sequence[str] = DEFAULT_PHONE_REGIONS) -> list[Span]:
+    """Every span of personal data in the text, sorted, non-overlapping."""
+    if not text:
+        return []
+    chosen: list[Span] = []
+    detectors: tuple[Iterator[Span], ...] = (
+        find_cards(text),
+        find_ibans(text),
+        find_card_codes(text),
+        find_passwords(text),
+        find_one_time_codes(text),
+        find_bank_accounts(text),
+        find_keyword_ids(text),
+        find_ssns(text),
+        find_uk_ni(text),
+        find_emails(text),
+        find_phones(text, phone_regions),
+    )
+    for spans in detectors:
+        for span in spans:
+            if all(span.end <= c.start or span.start >= c.end for c in chosen):
+                chosen.append(span)
+    return sorted(chosen)
+
+
+# -- the screen --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Screened:
+    """A text after screening: what to store and what was found."""
+
+    text: str
+    # Kinds replaced by a label, each once, in PII_KINDS order.
+    redactions: tuple[str, ...]
+    # Kinds the policy rejects; the caller must not store the text (it is redacted anyway).
+    rejected_kinds: tuple[str, ...]
+    # (kind, action applied) for every span found: what the metrics count.
+    found: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return tuple(LABELS[k] for k in self.redactions)
+
+    @property
+    def kept(self) -> bool:
+        """Some personal data stays in the text (the "store" action)."""
+        return any(action == STORE for _, action in self.found)
+
+
+def effective_action(
+    policy: Mapping[str, str], kind: str, *, core: bool = False, may_reject: bool = True
+) -> str:
+    """The action for a kind: core memory never stores personal data; where a write cannot
+    be refused (an episode's text), "reject" redacts."""
+    action = policy.get(kind, REDACT)
+    if action == STORE and core:
+        return REDACT
+    if action == REJECT and not may_reject:
+        return REDACT
+    return action
+
+
+def screen(
+    text: str,
+    policy: Mapping[str, str],
+    *,
+    core: bool = False,
+    may_reject: bool = True,
+    phone_regions: Sequence[str] = DEFAULT_PHONE_REGIONS,
+) -> Screened:
+    """Apply a policy (kind -> store / redact / reject) to every span found in the text.
+    Rejected spans are redacted too, so the returned text never holds them."""
+    spans = detect(text, phone_regions=phone_regions)
+    if not spans:
+        return Screened(text, (), ())
+    parts: list[str] = []
+    cursor = 0
+    found: list[tuple[str, str]] = []
+    for span in spans:
+        action = effective_action(policy, span.kind, core=core, may_reject=may_reject)
+        found.append((span.kind, action))
+        if action == STORE:
+            continue
+        parts.append(text[cursor : span.start])
+        parts.append(placeholder(span.kind))
+        cursor = span.end
+    parts.append(text[cursor:])
+    redacted = {k for k, a in found if a == REDACT}
+    rejected = {k for k, a in found if a == REJECT}
+    return Screened(
+        "".join(parts),
+        tuple(k for k in PII_KINDS if k in redacted),
+        tuple(k for k in PII_KINDS if k in rejected),
+        tuple(found),
+    )
+
+
+def unknown_phone_regions(regions: Sequence[str]) -> list[str]:
+    """The region codes libphonenumber does not know (a configuration check)."""
+    return [r for r in regions if r not in phonenumbers.SUPPORTED_REGIONS]
