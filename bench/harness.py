@@ -43,45 +43,61 @@ class Target:
 @contextmanager
 def served_stack(extra_env: dict[str, str] | None = None) -> Iterator[Target]:
     """Embedded PostgreSQL + valkey, and `memsvc serve` against them in its own process."""
+    with embedded_stack() as stack, memsvc_server(stack, extra_env) as target:
+        yield target
+
+
+@contextmanager
+def embedded_stack() -> Iterator[Target]:
+    """Embedded PostgreSQL + valkey, migrated, with an API key; no memsvc yet (port 0).
+
+    Several `memsvc_server`s can run against it one after the other (e.g. the same ingested
+    data served with different settings)."""
     from memsvc.embedded import EmbeddedStack
 
     # `timeout` and Ctrl-C must still stop the child servers: turn SIGTERM into SystemExit so
     # the finally blocks below run.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    port = free_port()
     with tempfile.TemporaryDirectory(prefix="memsvc-bench-") as tmp:
         stack = EmbeddedStack(Path(tmp))
         dsn, url = stack.start()
         try:
             api_key = asyncio.run(_create_key(dsn))
-            env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSVC_")}
-            env.update(
-                {
-                    "MEMSVC_PG_DSN": dsn,
-                    "MEMSVC_REDIS_URL": url,
-                    "MEMSVC_GRPC_PORT": str(port),
-                    # Any free port: a bench never takes (or fails on) the standard 9464.
-                    "MEMSVC_METRICS_PORT": "0",
-                }
-            )
-            env.update(extra_env or {})
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "memsvc", "--log-level", "WARNING", "serve"],
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            try:
-                _wait_serving(port, proc)
-                yield Target(port, dsn, url, api_key, server_pid=proc.pid)
-            finally:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            yield Target(0, dsn, url, api_key)
         finally:
             stack.stop()
+
+
+@contextmanager
+def memsvc_server(stack: Target, extra_env: dict[str, str] | None = None) -> Iterator[Target]:
+    """`memsvc serve` in its own process against an embedded stack, stopped on exit."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSVC_")}
+    env.update(
+        {
+            "MEMSVC_PG_DSN": stack.pg_dsn,
+            "MEMSVC_REDIS_URL": stack.redis_url,
+            "MEMSVC_GRPC_PORT": str(port),
+            # Any free port: a bench never takes (or fails on) the standard 9464.
+            "MEMSVC_METRICS_PORT": "0",
+        }
+    )
+    env.update(extra_env or {})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "memsvc", "--log-level", "WARNING", "serve"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _wait_serving(port, proc)
+        yield Target(port, stack.pg_dsn, stack.redis_url, stack.api_key, server_pid=proc.pid)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 async def _create_key(dsn: str) -> str:

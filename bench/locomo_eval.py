@@ -1,6 +1,7 @@
 """Retrieval quality on the LoCoMo development split, through the public gRPC API.
 
     python -m bench.locomo_eval [--data ../shared/data/locomo] [--modes hybrid,dense,lexical]
+                                [--routing on,off]
 
 Protocol (the LoCoMo paper's, see the data folder's README): one unit per turn, text
 `{speaker} said, "{text}"` (+ ` and shared {blip_caption}` for image turns), one index per
@@ -9,6 +10,10 @@ conversation (here: one user scope per conversation). Every turn is ingested as 
 Each question is a Recall with types=[MESSAGE]; Recall@k is the share of the question's
 evidence dia_ids among the top-k messages (a question without evidence counts as 1).
 The data is read from the shared folder and never copied into the project.
+
+The conversations are ingested once; then each --routing value (MEMSVC_ROUTING) gets its own
+`memsvc serve` over the same database, and every mode is asked every question. The answers'
+`route` is counted per category (how the classifier spreads each category over routes).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import argparse
 import asyncio
 import json
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -26,7 +31,7 @@ import grpc
 import numpy as np
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from bench.harness import RESULTS_DIR, Target, served_stack
+from bench.harness import RESULTS_DIR, Target, embedded_stack, memsvc_server
 from memsvc.v1 import memory_pb2 as pb
 from memsvc.v1 import memory_pb2_grpc
 
@@ -127,9 +132,15 @@ def recall_at(found: list[str], evidence: list[str], k: int) -> float:
 
 
 async def evaluate(
-    stub: Any, metadata: Any, samples: list[dict[str, Any]], mode: str, deadline_s: float
+    stub: Any,
+    metadata: Any,
+    samples: list[dict[str, Any]],
+    mode: str,
+    deadline_s: float,
+    routing: str,
 ) -> dict[str, Any]:
     per_cat: dict[str, list[list[float]]] = defaultdict(list)
+    routes: dict[str, Counter[str]] = defaultdict(Counter)
     latencies: list[float] = []
     degraded = 0
     for sample in samples:
@@ -151,11 +162,15 @@ async def evaluate(
             degraded += reply.degraded
             found = [item.id for item in reply.items]
             scores = [recall_at(found, list(qa.get("evidence") or []), k) for k in KS]
+            category = CATEGORIES.get(int(qa["category"]), str(qa["category"]))
             per_cat["all"].append(scores)
-            per_cat[CATEGORIES.get(int(qa["category"]), str(qa["category"]))].append(scores)
+            per_cat[category].append(scores)
+            routes["all"][reply.route] += 1
+            routes[category][reply.route] += 1
     ms = np.asarray(latencies) * 1000
     return {
         "mode": mode,
+        "routing": routing,
         "questions": len(per_cat["all"]),
         "degraded": degraded,
         "latency_ms": {
@@ -171,23 +186,37 @@ async def evaluate(
             | {"n": len(rows)}
             for cat, rows in per_cat.items()
         },
+        "routes": {cat: dict(sorted(counts.items())) for cat, counts in routes.items()},
     }
 
 
 async def run(
-    target: Target, samples: list[dict[str, Any]], modes: list[str], deadline_s: float
+    target: Target,
+    samples: list[dict[str, Any]],
+    modes: list[str],
+    deadline_s: float,
+    *,
+    routing: str,
+    ingest: bool,
 ) -> list[dict[str, Any]]:
     metadata = (("x-api-key", target.api_key),)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{target.port}") as channel:
         stub = memory_pb2_grpc.MemoryServiceStub(channel)
-        started = time.perf_counter()
-        ids = await ingest_all(stub, metadata, samples)
-        await wait_done(stub, metadata, ids, timeout_s=1800)
-        print(
-            f"ingested and indexed {len(ids)} sessions in {time.perf_counter() - started:.1f}s",
-            flush=True,
-        )
-        return [await evaluate(stub, metadata, samples, mode, deadline_s) for mode in modes]
+        if ingest:
+            started = time.perf_counter()
+            ids = await ingest_all(stub, metadata, samples)
+            await wait_done(stub, metadata, ids, timeout_s=1800)
+            print(
+                f"ingested and indexed {len(ids)} sessions in {time.perf_counter() - started:.1f}s",
+                flush=True,
+            )
+        return [
+            await evaluate(stub, metadata, samples, mode, deadline_s, routing) for mode in modes
+        ]
+
+
+def label(result: dict[str, Any]) -> str:
+    return f"{result['mode']} routing {result['routing']}"
 
 
 def main() -> None:
@@ -199,6 +228,11 @@ def main() -> None:
         help="folder holding locomo-dev.json (default: ../shared/data/locomo)",
     )
     parser.add_argument("--modes", default="hybrid,dense,lexical")
+    parser.add_argument(
+        "--routing",
+        default="on,off",
+        help="MEMSVC_ROUTING values to evaluate, each on its own server over one ingest",
+    )
     parser.add_argument("--conversations", type=int, default=0, help="only the first N")
     parser.add_argument(
         "--deadline-ms",
@@ -211,9 +245,22 @@ def main() -> None:
     if args.conversations:
         samples = samples[: args.conversations]
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    with served_stack() as target:
-        results = asyncio.run(run(target, samples, modes, args.deadline_ms / 1000))
-    header = "mode      " + "".join(f"{c:>14}" for c in ["all", *CATEGORIES.values()])
+    routings = [r.strip() for r in args.routing.split(",") if r.strip()]
+    results: list[dict[str, Any]] = []
+    with embedded_stack() as stack:
+        for i, routing in enumerate(routings):
+            with memsvc_server(stack, {"MEMSVC_ROUTING": routing}) as target:
+                results += asyncio.run(
+                    run(
+                        target,
+                        samples,
+                        modes,
+                        args.deadline_ms / 1000,
+                        routing=routing,
+                        ingest=i == 0,
+                    )
+                )
+    header = f"{'mode':<22}" + "".join(f"{c:>14}" for c in ["all", *CATEGORIES.values()])
     for k in KS:
         print(f"\nRecall@{k}\n{header}")
         for r in results:
@@ -221,11 +268,16 @@ def main() -> None:
                 f"{r['recall'].get(c, {}).get(f'R@{k}', float('nan')):>14.1f}"
                 for c in ["all", *CATEGORIES.values()]
             )
-            print(f"{r['mode']:<10}{cells}")
+            print(f"{label(r):<22}{cells}")
+    for r in results[:1]:
+        print(f"\nroutes per category ({label(r)})")
+        for cat in ["all", *CATEGORIES.values()]:
+            counts = r["routes"].get(cat, {})
+            print(f"{cat:<14}" + "  ".join(f"{route} {n}" for route, n in counts.items()))
     for r in results:
         lat = r["latency_ms"]
         print(
-            f"{r['mode']}: {r['questions']} questions, degraded {r['degraded']}, "
+            f"{label(r)}: {r['questions']} questions, degraded {r['degraded']}, "
             f"latency p50 {lat['p50']:.1f} ms p95 {lat['p95']:.1f} ms p99 {lat['p99']:.1f} ms"
         )
     RESULTS_DIR.mkdir(exist_ok=True)

@@ -66,7 +66,11 @@ def _parser() -> argparse.ArgumentParser:
     worker = sub.add_parser(
         "worker", help="run only the extraction workers against MEMSVC_PG_DSN / MEMSVC_REDIS_URL"
     )
-    worker.add_argument("--once", action="store_true", help="process every due job, then exit")
+    worker.add_argument(
+        "--once",
+        action="store_true",
+        help="process every due job and delete what expired, then exit",
+    )
 
     sub.add_parser("migrate", help="apply database migrations to MEMSVC_PG_DSN and exit")
 
@@ -151,6 +155,11 @@ async def _run_worker(settings: Settings, once: bool) -> None:
         if once:
             done = await runtime.worker.drain()
             print(f"processed {done} job(s)")
+            expired = await runtime.expiry.run_once()
+            print(
+                f"expired {expired.memories} memories, {expired.episodes} episodes, "
+                f"{expired.topics} topics, {expired.messages} messages"
+            )
             return
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

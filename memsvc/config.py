@@ -147,6 +147,10 @@ class Settings:
     rrf_k: int = 10
     rrf_dense_weight: float = 0.5
     rrf_lexical_weight: float = 1.0
+    # Query routing: a temporal query favours items from the dates it names and, when it
+    # asks "when", items that say when (retrieval/route_effects). Off: the route is still
+    # reported but changes nothing. On raised LoCoMo dev R@10 77.4 -> 78.1 (no category lower).
+    routing: bool = True
     # A user with at most this many rows in a table gets the exact dense path (every row's
     # distance, no approximate index); above it, HNSW with pgvector's iterative scan.
     dense_exact_max_rows: int = 2_000
@@ -332,6 +336,8 @@ class Settings:
             values["run_workers"] = parse_bool("MEMSVC_RUN_WORKERS", raw)
         if (raw := get("AUTH_ENABLED")) is not None:
             values["auth_enabled"] = parse_bool("MEMSVC_AUTH_ENABLED", raw)
+        if (raw := get("ROUTING")) is not None:
+            values["routing"] = parse_bool("MEMSVC_ROUTING", raw)
         for env_name, attr in (
             ("TLS_CERT_FILE", "tls_cert_file"),
             ("TLS_KEY_FILE", "tls_key_file"),

@@ -111,3 +111,10 @@ PII_SCREENED = Counter(
     "Personal data found in text about to be stored, by kind, action taken and write path",
     ["kind", "action", "path"],
 )
+
+# Retention: rows the expiry task (or a session's end) deleted.
+EXPIRED = Counter(
+    "memsvc_expired_total",
+    "Rows deleted because their retention ended (memory, episode, topic, message)",
+    ["kind"],
+)

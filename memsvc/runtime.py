@@ -30,6 +30,7 @@ from memsvc.prefetch.service import PrefetchConfig, PrefetchService
 from memsvc.retrieval.embed_cache import EmbeddingLRU, QueryEmbedder
 from memsvc.retrieval.recall import RecallConfig, RecallService
 from memsvc.storage.pool import connect_and_migrate
+from memsvc.workers.expiry import ExpirySettings, ExpiryTask
 from memsvc.workers.outbox_worker import OutboxWorker, WorkerSettings
 from memsvc.workers.reconcile import mark_stale, reconcile_once
 
@@ -94,6 +95,7 @@ class Runtime:
     pipeline: ExtractionPipeline
     pipeline_embedder: Embedder
     worker: OutboxWorker | None
+    expiry: ExpiryTask
 
     def __init__(
         self,
@@ -162,7 +164,9 @@ class Runtime:
             embed_timeout_s=settings.embed_timeout_ms / 1000,
             guard=self.guard,
         )
-        self.ingest = IngestService(self.pool, acquire_timeout_s=acquire_timeout_s)
+        self.ingest = IngestService(
+            self.pool, acquire_timeout_s=acquire_timeout_s, policies=self.policies
+        )
         self.export = ExportService(
             self.pool,
             ExportConfig(
@@ -195,6 +199,15 @@ class Runtime:
             await worker.start()
             self._stack.push_async_callback(worker.stop, settings.shutdown_grace_s)
             self.worker = worker
+        # Built always (run_once works in any process); its loop runs beside the workers.
+        self.expiry = ExpiryTask(
+            self.pool,
+            self.invalidator,
+            ExpirySettings(interval_s=settings.expiry_interval_s, batch=settings.expiry_batch),
+        )
+        if self._with_worker:
+            self.expiry.start()
+            self._stack.push_async_callback(self.expiry.stop)
 
     def _build_read_path(self, settings: Settings) -> None:
         """Recall and Prefetch share the query-embedding LRU and the leg runner."""

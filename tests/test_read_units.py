@@ -157,12 +157,12 @@ def test_messages_of_different_sessions_do_not_merge() -> None:
 
 def test_final_order_keeps_relevance_first_and_uses_salience_for_near_ties() -> None:
     fused = rrf({"dense": [hit("old", age_days=300), hit("new", age_days=0)]}, k=60)
-    ranked = final_order(fused, now=NOW, role_order=ROLES, route=route.FACT)
+    ranked = final_order(fused, now=NOW, role_order=ROLES)
     # 1/61 vs 1/62 is a 1.6% gap; a fresh item's recency boost (10%) overtakes it.
     assert [r.fused.hit.id for r in ranked] == ["new", "old"]
     far = rrf({"dense": [hit("best", age_days=300), *[hit(f"x{i}") for i in range(29)]]}, k=60)
     far_last = rrf({"dense": [hit(f"y{i}") for i in range(29)] + [hit("fresh", age_days=0)]}, k=60)
-    ranked = final_order([*far[:1], *far_last[-1:]], now=NOW, role_order=ROLES, route=route.FACT)
+    ranked = final_order([*far[:1], *far_last[-1:]], now=NOW, role_order=ROLES)
     assert ranked[0].fused.hit.id == "best"  # rank 1 vs rank 30: salience cannot flip it
 
 

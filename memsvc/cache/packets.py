@@ -67,14 +67,28 @@ class PacketCache:
         except (RedisError, OSError, TimeoutError) as exc:
             raise self._failed(exc) from exc
 
-    async def put(self, key: str, index_key: str, value: bytes, *, budget_s: float) -> None:
-        """Store with the TTL and list the key in the user's index (same hash tag, so one
-        MULTI works on a cluster too); CacheUnavailable when Redis cannot answer."""
+    async def put(
+        self,
+        key: str,
+        index_key: str,
+        value: bytes,
+        *,
+        budget_s: float,
+        max_ttl_ms: int | None = None,
+    ) -> None:
+        """Store with the TTL (or ``max_ttl_ms`` when shorter: the packet holds something that
+        expires sooner) and list the key in the user's index (same hash tag, so one MULTI
+        works on a cluster too); CacheUnavailable when Redis cannot answer."""
         self._check_up()
+        ttl_ms = self._ttl_s * 1000
+        if max_ttl_ms is not None:
+            if max_ttl_ms <= 0:
+                return
+            ttl_ms = min(ttl_ms, max_ttl_ms)
         try:
             async with asyncio.timeout(min(self._timeout_s, budget_s)):
                 pipe = self._client.pipeline(transaction=True)
-                pipe.set(key, value, ex=self._ttl_s)
+                pipe.set(key, value, px=ttl_ms)
                 pipe.sadd(index_key, key)
                 # The index outlives each packet it lists by at most one TTL.
                 pipe.expire(index_key, self._ttl_s)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields, replace
 import asyncpg
 import numpy as np
 
+from memsvc import metrics
 from memsvc.cache.invalidation import PacketInvalidator
 from memsvc.embedding import Embedder
 from memsvc.extraction.base import (
@@ -35,7 +36,7 @@ from memsvc.governance.pii import Screened
 from memsvc.memories.model import NewMemory, Scope
 from memsvc.memories.normalize import content_hash, normalize_content
 from memsvc.storage import extraction as store
-from memsvc.storage import memories, messages, versions
+from memsvc.storage import memories, messages, retention, versions
 from memsvc.storage.outbox import Job
 
 log = logging.getLogger(__name__)
@@ -123,6 +124,8 @@ class ExtractionPipeline:
     async def run(self, job: Job) -> Outcome:
         """Process the job; raises on failure (the worker retries), never leaves half a speaker."""
         outcome = Outcome()
+        if job.payload.get("end_of_session"):
+            await self._end_session(job)
         async with self._pool.acquire() as conn:
             rows = await messages.messages_of_ingest(conn, job.scope, job.ingest_id)
         outcome.messages_indexed = await self._index_messages(job.scope, rows)
@@ -142,6 +145,21 @@ class ExtractionPipeline:
         return outcome
 
     # -- steps ---------------------------------------------------------------------------------
+
+    async def _end_session(self, job: Job) -> None:
+        """The session ended: its SESSION memories go (in the owner's scope, and the
+        counterpart persona's when the session was with one). Idempotent, so retries are free."""
+        scopes = [job.scope]
+        persona = str(job.payload.get("counterpart_persona_id") or "")
+        if persona and persona != job.scope.persona_id:
+            scopes.append(replace(job.scope, persona_id=persona))
+        async with self._pool.acquire() as conn, conn.transaction():
+            deleted = await retention.end_session(conn, scopes, job.session_id)
+            if deleted:
+                await versions.bump_version(conn, job.scope.tenant_id, job.scope.user_id)
+        if deleted:
+            await self._invalidator.drop_user(job.scope.tenant_id, job.scope.user_id)
+            metrics.EXPIRED.labels("memory").inc(deleted)
 
     async def _index_messages(self, scope: Scope, rows: Sequence[asyncpg.Record]) -> int:
         """Make the job's messages searchable: the lexical context index (with their session
@@ -281,6 +299,8 @@ class ExtractionPipeline:
                     embedding=episode_vector,
                     embedding_model=self._embedder.model_id,
                 )
+                # It expires with the last of its source messages.
+                await retention.stamp_episode(conn, job.scope, scope, job.session_id)
                 topic_ids = [
                     await store.upsert_topic(
                         conn,

@@ -10,6 +10,7 @@ import asyncpg
 
 from memsvc.deadline import Budget
 from memsvc.errors import NotFound
+from memsvc.governance.policy import TenantPolicies
 from memsvc.memories.model import Scope
 from memsvc.storage import outbox
 from memsvc.storage.messages import StoredMessage, insert_messages
@@ -40,9 +41,17 @@ class IngestReceipt:
 class IngestService:
     """The online part of the write path: fast and dumb. Workers do everything else."""
 
-    def __init__(self, pool: asyncpg.Pool, *, acquire_timeout_s: float) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        *,
+        acquire_timeout_s: float,
+        policies: TenantPolicies | None = None,
+    ) -> None:
         self._pool = pool
         self._acquire_timeout_s = acquire_timeout_s
+        # The tenant's message TTL (None: messages never expire).
+        self._policies = policies
 
     def _connection(self, budget: Budget) -> AbstractAsyncContextManager[asyncpg.Connection]:
         return acquire(self._pool, budget, timeout_s=self._acquire_timeout_s)
@@ -56,6 +65,10 @@ class IngestService:
             "counterpart_persona_id": command.counterpart_persona_id,
         }
         async with self._connection(budget) as conn:
+            ttl_s = 0
+            if self._policies is not None and command.messages:
+                policy = await self._policies.get(command.scope.tenant_id, conn)
+                ttl_s = policy.message_ttl_s
             async with conn.transaction():
                 fresh = await outbox.enqueue(
                     conn,
@@ -66,7 +79,9 @@ class IngestService:
                     payload=payload,
                 )
                 accepted = (
-                    await insert_messages(conn, command.scope, ingest_id, command.messages)
+                    await insert_messages(
+                        conn, command.scope, ingest_id, command.messages, ttl_s=ttl_s
+                    )
                     if fresh
                     else 0
                 )

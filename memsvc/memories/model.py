@@ -47,6 +47,11 @@ class NewMemory:
     sharing: Sharing = Sharing()
     valid_from: datetime | None = None
     origin: str = "explicit"
+    # Retention: "user-controlled" (never expires), "session" or "ttl". The row expires at
+    # ``expires_at`` when given (Correct keeps its version's), else now + ``expires_in_s``.
+    retention_policy: str = "user-controlled"
+    expires_in_s: float | None = None
+    expires_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,9 @@ class MemoryRecord:
     session_id: str = ""
     sharing: Sharing = Sharing()
     correction_reason: str = ""
+    retention_policy: str = "user-controlled"
+    # When it expires (never: None); an expired row is never returned.
+    expires_at: datetime | None = None
 
 
 @dataclass(frozen=True)

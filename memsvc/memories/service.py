@@ -132,6 +132,9 @@ class MemoryService:
                 session_id=old.session_id,
                 sharing=old.sharing,
                 origin="correction",
+                # A correction keeps the retention of the version it supersedes.
+                retention_policy=old.retention_policy,
+                expires_at=old.expires_at,
             )
             record, _ = await store.insert_or_reinforce(
                 conn,

@@ -48,6 +48,8 @@ class EpisodeRecord:
     source_message_ids: tuple[str, ...]
     started_at: datetime
     ended_at: datetime
+    # When it expires with its source messages (never: None).
+    expires_at: datetime | None = None
 
 
 @dataclass(frozen=True)

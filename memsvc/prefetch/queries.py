@@ -19,11 +19,12 @@ from memsvc.prefetch.model import EdgeRow, EpisodeRecord, TopicRow
 from memsvc.storage.memories import COLUMNS, VISIBLE, record_from_row
 
 _EXACT = "tenant_id = $1 AND user_id = $2 AND persona_id = $3 AND agent_id = $4"
-_CURRENT = "invalid_at IS NULL AND (expires_at IS NULL OR expires_at > now())"
+_NOT_EXPIRED = "(expires_at IS NULL OR expires_at > now())"
+_CURRENT = f"invalid_at IS NULL AND {_NOT_EXPIRED}"
 _OR_QUERY = "replace(plainto_tsquery('english', $5)::text, ' & ', ' | ')::tsquery"
 _EPISODE_COLUMNS = (
     "e.tenant_id, e.user_id, e.persona_id, e.agent_id, e.episode_id, e.session_id, e.title,"
-    " e.summary, e.excerpt, e.source_message_ids, e.started_at, e.ended_at"
+    " e.summary, e.excerpt, e.source_message_ids, e.started_at, e.ended_at, e.expires_at"
 )
 
 
@@ -42,6 +43,7 @@ def episode_from_row(row: asyncpg.Record) -> EpisodeRecord:
         source_message_ids=tuple(row["source_message_ids"]),
         started_at=row["started_at"],
         ended_at=row["ended_at"],
+        expires_at=row["expires_at"],
     )
 
 
@@ -157,7 +159,7 @@ async def episodes(
         f"""
         /* memsvc:prefetch:episodes */
         WITH recent AS (
-            SELECT episode_id FROM episodes WHERE {_EXACT}
+            SELECT episode_id FROM episodes WHERE {_EXACT} AND {_NOT_EXPIRED}
             ORDER BY ended_at DESC, episode_id LIMIT $6),
         linked AS (
             SELECT episode_id, topic_id, weight FROM topic_episodes
@@ -165,6 +167,7 @@ async def episodes(
         SELECT {_EPISODE_COLUMNS}, l.topic_id, coalesce(l.weight, 0) AS edge_weight
         FROM episodes e LEFT JOIN linked l ON l.episode_id = e.episode_id
         WHERE e.tenant_id = $1 AND e.user_id = $2 AND e.persona_id = $3 AND e.agent_id = $4
+          AND (e.expires_at IS NULL OR e.expires_at > now())
           AND (l.topic_id IS NOT NULL OR e.episode_id IN (SELECT episode_id FROM recent))
         ORDER BY e.ended_at DESC, e.episode_id, l.topic_id
         LIMIT $7

@@ -37,7 +37,7 @@ from memsvc.errors import ResourceExhausted
 from memsvc.fanout import LegRunner, late
 from memsvc.loop_lag import LoopLag
 from memsvc.memories.model import MemoryRecord
-from memsvc.prefetch import assembly, codec, packet, queries
+from memsvc.prefetch import assembly, codec, expiry, packet, queries
 from memsvc.prefetch.model import (
     CORE,
     EPISODES,
@@ -210,6 +210,8 @@ class PrefetchService:
                 status = CacheStatus.HIT
             except codec.CodecError as exc:
                 log.warning("ignoring a cached packet: %s", exc)
+            if wire is not None and expiry.holds_expired(wire, datetime.now(UTC)):
+                wire, status = None, CacheStatus.MISS
 
         if wire is None:
             use_cache = status is not CacheStatus.BYPASSED
@@ -270,6 +272,7 @@ class PrefetchService:
                     user_index_key(query.scope.tenant_id, query.scope.user_id),
                     codec.encode(built),
                     budget_s=max(budget.remaining(), 0.001),
+                    max_ttl_ms=expiry.max_ttl_ms(built, datetime.now(UTC)),
                 )
                 stored = True
             except CacheUnavailable:

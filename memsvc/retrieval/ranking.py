@@ -2,6 +2,7 @@
 
 The fused RRF score stays the main signal; the boosts multiply it by at most a small
 factor, so a clearly better match is never overtaken by a merely recent or confident one.
+The query's route plan (route_effects) multiplies it again where the route has an effect.
 """
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from memsvc.retrieval import route as routes
 from memsvc.retrieval.fusion import Fused
 from memsvc.retrieval.query import ItemKind
+from memsvc.retrieval.route_effects import NEUTRAL, RoutePlan
 
 SECONDS_PER_DAY = 86_400.0
 
@@ -25,8 +26,6 @@ class RankWeights:
     role: float = 0.1
     pinned: float = 0.1
     recency: float = 0.1
-    # A temporal question ("when did...", "last week") cares more about recency.
-    recency_temporal: float = 0.4
     half_life_days: float = 30.0
     # Facts carry a confidence; other kinds count as this (neutral).
     neutral_confidence: float = 0.5
@@ -55,22 +54,22 @@ def final_order(
     *,
     now: datetime,
     role_order: Sequence[str],
-    route: str,
+    plan: RoutePlan = NEUTRAL,
     weights: RankWeights = RankWeights(),
 ) -> list[Ranked]:
-    """Score = fused * (1 + boosts); best first, ties by fused score then item key."""
-    recency_weight = weights.recency_temporal if route == routes.TEMPORAL else weights.recency
+    """Score = fused * (1 + boosts) * route factor; best first, ties by fused score then
+    item key."""
     ranked: list[Ranked] = []
     for item in fused:
         hit = item.hit
         age_days = (now - hit.occurred_at).total_seconds() / SECONDS_PER_DAY
-        boost = recency_weight * decay(age_days, weights.half_life_days)
+        boost = weights.recency * decay(age_days, weights.half_life_days)
         if hit.kind is ItemKind.FACT and hit.confidence is not None:
             boost += weights.confidence * hit.confidence
             boost += weights.role * role_bonus(hit.role, role_order)
             boost += weights.pinned * (1.0 if hit.pinned else 0.0)
         else:
             boost += weights.confidence * weights.neutral_confidence
-        ranked.append(Ranked(item, item.fused_score * (1.0 + boost)))
+        ranked.append(Ranked(item, item.fused_score * (1.0 + boost) * plan.factor(hit)))
     ranked.sort(key=lambda r: (-r.score, -r.fused.fused_score, r.fused.hit.key))
     return ranked

@@ -26,7 +26,7 @@ from memsvc.debug_delay import delays_from_settings
 from memsvc.embedding.base import EmbeddingTimeout
 from memsvc.fanout import LegRunner, late
 from memsvc.loop_lag import LoopLag
-from memsvc.retrieval import route as routes
+from memsvc.retrieval import route_effects
 from memsvc.retrieval.dense import dense_hits
 from memsvc.retrieval.embed_cache import QueryEmbedder
 from memsvc.retrieval.fusion import rrf
@@ -55,6 +55,8 @@ class RecallConfig:
     half_life_days: float
     max_loop_lag_s: float = 0.0
     delays: Mapping[str, float] = field(default_factory=dict)
+    # Query routing: the route's effects on the ordering (off: reported, but neutral).
+    routing: bool = True
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RecallConfig:
@@ -69,6 +71,7 @@ class RecallConfig:
             half_life_days=settings.half_life_days,
             max_loop_lag_s=settings.reads_max_loop_lag_ms / 1000,
             delays=delays_from_settings(settings.debug_stage_delays_ms),
+            routing=settings.routing,
         )
 
 
@@ -212,12 +215,12 @@ class RecallService:
 
         fuse_started = time.perf_counter()
         fused = rrf(ranked_lists, k=self._config.rrf_k, weights=self._config.leg_weights)
-        route = routes.classify(query.text)
+        plan = route_effects.plan(query.text, enabled=self._config.routing)
         ranked = final_order(
             fused,
             now=datetime.now(UTC),
             role_order=self._config.roles,
-            route=route,
+            plan=plan,
             weights=RankWeights(half_life_days=self._config.half_life_days),
         )[: query.top_k]
         timings.fuse_ms = (time.perf_counter() - fuse_started) * 1000
@@ -230,7 +233,7 @@ class RecallService:
             degraded=bool(missing_sorted),
             missing_legs=missing_sorted,
             timings=timings,
-            route=route,
+            route=plan.route,
         )
 
 

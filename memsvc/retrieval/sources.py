@@ -69,6 +69,8 @@ ROW_COLUMNS: tuple[tuple[str, str], ...] = (
     ("origin", "text"),
     ("correction_reason", "text"),
     ("status", "text"),
+    ("retention_policy", "text"),
+    ("expires_at", "timestamptz"),
 )
 _ROW_NAMES = frozenset(name for name, _ in ROW_COLUMNS)
 
@@ -184,9 +186,10 @@ EPISODES = Source(
         },
     ),
     scope_sql=_EXACT_SCOPE,
-    current_sql="true",
+    # An episode expires with the last of its source messages (migration 0006).
+    current_sql=_NOT_EXPIRED,
     # An episode exists once its session ended.
-    as_of_sql="ended_at <= {as_of}",
+    as_of_sql="ended_at <= {as_of}" + f" AND {_NOT_EXPIRED}",
     text_sql="(title || ' ' || summary)",
     tsv_sql="search_tsv",
 )

@@ -14,6 +14,11 @@ _STATUS = {
     "active": pb.MEMORY_STATUS_ACTIVE,
     "superseded": pb.MEMORY_STATUS_SUPERSEDED,
 }
+_RETENTION = {
+    "user-controlled": pb.RETENTION_POLICY_USER_CONTROLLED,
+    "session": pb.RETENTION_POLICY_SESSION,
+    "ttl": pb.RETENTION_POLICY_TTL,
+}
 
 
 def timestamp(value: datetime) -> Timestamp:
@@ -54,6 +59,9 @@ def memory(record: MemoryRecord) -> pb.Memory:
     )
     if record.invalid_at is not None:
         msg.invalid_at.CopyFrom(timestamp(record.invalid_at))
+    msg.retention_policy = _RETENTION.get(record.retention_policy, pb.RETENTION_POLICY_UNSPECIFIED)
+    if record.expires_at is not None:
+        msg.expires_at.CopyFrom(timestamp(record.expires_at))
     return msg
 
 

@@ -9,6 +9,7 @@ import unicodedata
 import uuid
 from collections.abc import Iterable
 from datetime import UTC, datetime
+from typing import Any
 
 import orjson
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -130,7 +131,45 @@ def timestamp(ts: Timestamp, field: str) -> datetime:
     return value
 
 
+# A memory's time to live: at least a second, at most ten years (leap days included).
+MIN_TTL_S = 1
+MAX_TTL_S = 3_653 * 86_400
+
+
+def retention(request: pb.RememberRequest, session_id: str, settings: Settings) -> dict[str, Any]:
+    """The NewMemory retention fields of a Remember: policy and seconds to live."""
+    policy = request.retention_policy
+    has_ttl = request.HasField("ttl")
+    if policy in (pb.RETENTION_POLICY_UNSPECIFIED, pb.RETENTION_POLICY_USER_CONTROLLED):
+        if has_ttl:
+            raise InvalidArgument("ttl: only with retention_policy RETENTION_POLICY_TTL")
+        return {"retention_policy": "user-controlled"}
+    if policy == pb.RETENTION_POLICY_SESSION:
+        if has_ttl:
+            raise InvalidArgument(
+                "ttl: only with retention_policy RETENTION_POLICY_TTL (a SESSION memory lasts "
+                "until its session ends)"
+            )
+        if not session_id:
+            raise InvalidArgument("session_id: required with retention_policy SESSION")
+        return {"retention_policy": "session", "expires_in_s": float(settings.session_retention_s)}
+    if policy == pb.RETENTION_POLICY_TTL:
+        if not has_ttl:
+            raise InvalidArgument("ttl: required with retention_policy RETENTION_POLICY_TTL")
+        ttl = request.ttl
+        if not -999_999_999 <= ttl.nanos <= 999_999_999 or (ttl.seconds * ttl.nanos < 0):
+            raise InvalidArgument("ttl: not a valid duration (seconds and nanos disagree)")
+        seconds = ttl.seconds + ttl.nanos / 1e9
+        if not MIN_TTL_S <= seconds <= MAX_TTL_S:
+            raise InvalidArgument(
+                f"ttl: between {MIN_TTL_S} s and 10 years ({MAX_TTL_S} s), got {seconds:g} s"
+            )
+        return {"retention_policy": "ttl", "expires_in_s": seconds}
+    raise InvalidArgument(f"retention_policy: unknown value {policy}")
+
+
 def remember(request: pb.RememberRequest, settings: Settings) -> NewMemory:
+    session_id = identifier(request.session_id, "session_id", settings, required=False)
     return NewMemory(
         content=content(request.content, "content", settings),
         category=vocabulary(request.category, "category", settings.categories, "context"),
@@ -143,11 +182,12 @@ def remember(request: pb.RememberRequest, settings: Settings) -> NewMemory:
         source_message_ids=id_list(
             request.source_message_ids, "source_message_ids", settings, settings.max_source_ids
         ),
-        session_id=identifier(request.session_id, "session_id", settings, required=False),
+        session_id=session_id,
         sharing=Sharing(request.sharing.all_agents, request.sharing.all_personas),
         valid_from=(
             timestamp(request.valid_from, "valid_from") if request.HasField("valid_from") else None
         ),
+        **retention(request, session_id, settings),
     )
 
 

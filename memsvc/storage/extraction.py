@@ -15,6 +15,8 @@ from memsvc.extraction.base import CandidateEpisode, ExistingFact
 from memsvc.memories.model import Scope
 
 _EXACT_SCOPE = "tenant_id = $1 AND user_id = $2 AND persona_id = $3 AND agent_id = $4"
+# Dedup compares against live facts only: an expired one is neither reinforced nor superseded.
+_ACTIVE = "invalid_at IS NULL AND (expires_at IS NULL OR expires_at > now())"
 
 
 async def lock_user(conn: asyncpg.Connection, tenant_id: str, user_id: str) -> None:
@@ -86,7 +88,7 @@ async def exact_active(
 ) -> ExistingFact | None:
     row = await conn.fetchrow(
         f"SELECT {_FACT_COLUMNS} FROM memories WHERE {_EXACT_SCOPE}"
-        " AND content_hash = $5 AND invalid_at IS NULL",
+        f" AND content_hash = $5 AND {_ACTIVE}",
         *scope.key,
         content_hash,
     )
@@ -98,7 +100,7 @@ async def active_with_predicates(
 ) -> list[ExistingFact]:
     rows = await conn.fetch(
         f"SELECT {_FACT_COLUMNS} FROM memories WHERE {_EXACT_SCOPE}"
-        " AND invalid_at IS NULL AND subject = $5 AND predicate = ANY($6::text[])"
+        f" AND {_ACTIVE} AND subject = $5 AND predicate = ANY($6::text[])"
         " ORDER BY recorded_at DESC",
         *scope.key,
         subject,
@@ -119,7 +121,7 @@ async def nearest_active(
         f"""
         WITH scoped AS MATERIALIZED (
             SELECT {_FACT_COLUMNS}, embedding FROM memories
-            WHERE {_EXACT_SCOPE} AND invalid_at IS NULL AND embedding IS NOT NULL
+            WHERE {_EXACT_SCOPE} AND {_ACTIVE} AND embedding IS NOT NULL
         )
         SELECT {_FACT_COLUMNS}, 1 - (embedding <=> $5) AS similarity
         FROM scoped ORDER BY embedding <=> $5 LIMIT $6

@@ -10,6 +10,7 @@ import asyncpg
 import numpy as np
 
 from memsvc.memories.model import ListQuery, MemoryRecord, NewMemory, Page, Scope, Sharing
+from memsvc.storage import retention
 
 # Visible from a scope: rows written in exactly that scope, plus rows of the same user that
 # were explicitly shared across agents and/or personas. $1..$4 are tenant, user, persona, agent.
@@ -18,18 +19,22 @@ _VISIBLE = """
     AND (persona_id = $3 OR shared_all_personas)
     AND (agent_id = $4 OR shared_all_agents)
 """
+# Not expired: an expired row is never returned, even before the expiry task deletes it.
+_NOT_EXPIRED = "(expires_at IS NULL OR expires_at > now())"
 
 _COLUMNS = """
     tenant_id, user_id, persona_id, agent_id, shared_all_agents, shared_all_personas,
     memory_id, lineage_id, content, subject, predicate, object, category, role, confidence,
     reinforced_count, pinned, valid_from, invalid_at, recorded_at, supersedes_id,
-    superseded_by_id, source_message_ids, session_id, origin, correction_reason, status
+    superseded_by_id, source_message_ids, session_id, origin, correction_reason, status,
+    retention_policy, expires_at
 """
 
 
 # The same fragments for other read modules (Recall, Prefetch) composing their own SQL.
 VISIBLE = _VISIBLE
 COLUMNS = _COLUMNS
+NOT_EXPIRED = _NOT_EXPIRED
 
 
 def record_from_row(row: asyncpg.Record) -> MemoryRecord:
@@ -58,16 +63,19 @@ def record_from_row(row: asyncpg.Record) -> MemoryRecord:
         correction_reason=row["correction_reason"],
         status=row["status"],
         sharing=Sharing(row["shared_all_agents"], row["shared_all_personas"]),
+        retention_policy=row["retention_policy"],
+        expires_at=row["expires_at"],
     )
 
 
 async def find_active_duplicate(
     conn: asyncpg.Connection, scope: Scope, content_hash: bytes
 ) -> uuid.UUID | None:
-    """The active memory with exactly this content in exactly this scope, if any."""
+    """The active, unexpired memory with exactly this content in exactly this scope, if any."""
     value: uuid.UUID | None = await conn.fetchval(
         "SELECT memory_id FROM memories WHERE tenant_id = $1 AND user_id = $2"
-        " AND persona_id = $3 AND agent_id = $4 AND content_hash = $5 AND invalid_at IS NULL",
+        " AND persona_id = $3 AND agent_id = $4 AND content_hash = $5 AND invalid_at IS NULL"
+        f" AND {_NOT_EXPIRED}",
         *scope.key,
         content_hash,
     )
@@ -90,19 +98,23 @@ async def insert_or_reinforce(
 ) -> tuple[MemoryRecord, bool]:
     """Insert a memory, or reinforce the identical active one (race-free via the unique index).
 
+    An explicit write (Remember) also sets the retention it asks for on the memory it
+    reinforces; extraction reinforcing a memory never changes its retention. An identical
+    memory that has expired is not revived: it is deleted and this one starts fresh.
     Returns the row and True when an existing memory was reinforced.
     """
     memory_id = memory_id or uuid.uuid4()
-    row = await conn.fetchrow(
-        f"""
+    statement = f"""
         INSERT INTO memories (
             tenant_id, user_id, persona_id, agent_id, shared_all_agents, shared_all_personas,
             memory_id, lineage_id, content, content_hash, subject, predicate, object,
             category, role, confidence, pinned, valid_from, supersedes_id,
             source_message_ids, session_id, origin, correction_reason,
-            embedding, embedding_model, embedding_state, ingest_id)
+            embedding, embedding_model, embedding_state, ingest_id,
+            retention_policy, expires_at)
         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
-                coalesce($18, now()), $19, $20, $21, $22, $23, $24, $25, $26, $27)
+                coalesce($18, now()), $19, $20, $21, $22, $23, $24, $25, $26, $27,
+                $28, coalesce($29::timestamptz, now() + $30::float8 * interval '1 second'))
         ON CONFLICT (tenant_id, user_id, persona_id, agent_id, content_hash)
             WHERE invalid_at IS NULL
         DO UPDATE SET
@@ -114,9 +126,18 @@ async def insert_or_reinforce(
             shared_all_personas = memories.shared_all_personas OR EXCLUDED.shared_all_personas,
             source_message_ids = ARRAY(
                 SELECT DISTINCT unnest(memories.source_message_ids || EXCLUDED.source_message_ids)
-                ORDER BY 1)
+                ORDER BY 1),
+            retention_policy = CASE WHEN EXCLUDED.origin = 'explicit'
+                THEN EXCLUDED.retention_policy ELSE memories.retention_policy END,
+            expires_at = CASE WHEN EXCLUDED.origin = 'explicit'
+                THEN EXCLUDED.expires_at ELSE memories.expires_at END,
+            session_id = CASE WHEN EXCLUDED.origin = 'explicit'
+                AND EXCLUDED.retention_policy = 'session'
+                THEN EXCLUDED.session_id ELSE memories.session_id END
+        WHERE memories.expires_at IS NULL OR memories.expires_at > now()
         RETURNING {_COLUMNS}, (xmax <> 0) AS reinforced
-        """,
+        """
+    args = (
         *scope.key,
         memory.sharing.all_agents,
         memory.sharing.all_personas,
@@ -141,18 +162,30 @@ async def insert_or_reinforce(
         embedding_model if embedding is not None else "",
         "ok" if embedding is not None else "missing",
         ingest_id,
+        memory.retention_policy,
+        memory.expires_at,
+        memory.expires_in_s,
     )
+    row = await conn.fetchrow(statement, *args)
+    if row is None:
+        # The identical active memory expired (not yet purged): it goes, this one is new.
+        await retention.drop_expired_duplicate(conn, scope, content_hash)
+        row = await conn.fetchrow(statement, *args)
     assert row is not None
+    if row["reinforced"] and memory.origin == "explicit":
+        # Every version of a memory shares its retention (its chain expires as one).
+        await retention.align_lineage(conn, row["tenant_id"], row["user_id"], row["lineage_id"])
     return record_from_row(row), bool(row["reinforced"])
 
 
 async def get_visible(
     conn: asyncpg.Connection, scope: Scope, memory_id: uuid.UUID, *, for_update: bool = False
 ) -> MemoryRecord | None:
-    """One memory visible from the scope (any status), optionally row-locked."""
+    """One unexpired memory visible from the scope (any status), optionally row-locked."""
     lock = " FOR UPDATE" if for_update else ""
     row = await conn.fetchrow(
-        f"SELECT {_COLUMNS} FROM memories WHERE {_VISIBLE} AND memory_id = $5{lock}",
+        f"SELECT {_COLUMNS} FROM memories WHERE {_VISIBLE} AND memory_id = $5"
+        f" AND {_NOT_EXPIRED}{lock}",
         *scope.key,
         memory_id,
     )
@@ -174,10 +207,10 @@ async def mark_superseded(conn: asyncpg.Connection, old: MemoryRecord, new_id: u
 async def lineage(
     conn: asyncpg.Connection, scope: Scope, lineage_id: uuid.UUID
 ) -> list[MemoryRecord]:
-    """Every version of one memory, oldest first."""
+    """Every unexpired version of one memory, oldest first."""
     rows = await conn.fetch(
         f"SELECT {_COLUMNS} FROM memories WHERE {_VISIBLE} AND lineage_id = $5"
-        " ORDER BY recorded_at, memory_id",
+        f" AND {_NOT_EXPIRED} ORDER BY recorded_at, memory_id",
         *scope.key,
         lineage_id,
     )
@@ -186,7 +219,7 @@ async def lineage(
 
 async def list_page(conn: asyncpg.Connection, scope: Scope, query: ListQuery) -> Page:
     """One page of the scope's memories, newest first, with a keyset cursor."""
-    clauses = [_VISIBLE]
+    clauses = [_VISIBLE, _NOT_EXPIRED]
     args: list[Any] = list(scope.key)
 
     def arg(value: Any) -> str:

@@ -30,8 +30,11 @@ async def insert_messages(
     scope: Scope,
     ingest_id: uuid.UUID,
     messages: Sequence[StoredMessage],
+    *,
+    ttl_s: int = 0,
 ) -> int:
     """Store messages in one statement; ones already stored (same session and id) are skipped.
+    They expire ``ttl_s`` seconds from now (0: never; retention_policy user-controlled).
 
     Returns how many were new.
     """
@@ -40,9 +43,11 @@ async def insert_messages(
     result: str = await conn.execute(
         """
         INSERT INTO messages (tenant_id, user_id, persona_id, agent_id, session_id, message_id,
-                              ingest_id, sender_id, role, text, sent_at)
+                              ingest_id, sender_id, role, text, sent_at, retention_policy,
+                              expires_at)
         SELECT $1, $2, $3, $4, m.session_id, m.message_id, $5, m.sender_id, m.role, m.text,
-               m.sent_at
+               m.sent_at, CASE WHEN $12::float8 > 0 THEN 'ttl' ELSE 'user-controlled' END,
+               CASE WHEN $12::float8 > 0 THEN now() + $12::float8 * interval '1 second' END
         FROM unnest($6::text[], $7::text[], $8::text[], $9::text[], $10::text[], $11::timestamptz[])
              AS m(session_id, message_id, sender_id, role, text, sent_at)
         ON CONFLICT (tenant_id, user_id, persona_id, agent_id, session_id, message_id) DO NOTHING
@@ -58,6 +63,7 @@ async def insert_messages(
         [m.role for m in messages],
         [m.text for m in messages],
         [m.sent_at for m in messages],
+        ttl_s,
     )
     return int(result.split()[-1])
 

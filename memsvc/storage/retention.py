@@ -1,0 +1,217 @@
+"""SQL of retention: expired rows deleted in bounded batches, session ends, episode expiry.
+
+Every batch is one short statement that takes the oldest expired rows with
+``FOR UPDATE SKIP LOCKED``: several expiry workers each take different rows and never wait on
+one another, and no lock outlives the statement's transaction. Reads never depend on these
+deletions having run: they filter ``expires_at > now()`` themselves.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+
+import asyncpg
+
+from memsvc.memories.model import Scope
+from memsvc.storage import messages
+from memsvc.storage.extraction import lock_user
+
+USER_CONTROLLED = "user-controlled"
+SESSION = "session"
+TTL = "ttl"
+POLICIES = (USER_CONTROLLED, SESSION, TTL)
+
+
+def _scopes(rows: Iterable[asyncpg.Record]) -> list[Scope]:
+    return [Scope(r["tenant_id"], r["user_id"], r["persona_id"], r["agent_id"]) for r in rows]
+
+
+async def expire_memories(conn: asyncpg.Connection, limit: int) -> list[Scope]:
+    """Delete up to ``limit`` expired memory rows, oldest expiry first; an expired current
+    version takes its whole supersession chain with it. Derived edges (episode -> fact) go by
+    cascade. Returns the scope of every row deleted (one entry per row)."""
+    rows = await conn.fetch(
+        """
+        WITH picked AS (
+            SELECT tenant_id, user_id, memory_id, lineage_id, invalid_at FROM memories
+            WHERE expires_at <= now()
+            ORDER BY expires_at
+            LIMIT $1
+            FOR UPDATE SKIP LOCKED),
+        chain AS (
+            -- Older versions of an expired current one. A version another worker holds is
+            -- skipped: it is expired too, and that worker deletes it.
+            SELECT m.tenant_id, m.user_id, m.memory_id FROM memories m
+            JOIN picked p ON m.tenant_id = p.tenant_id AND m.user_id = p.user_id
+                         AND m.lineage_id = p.lineage_id AND p.invalid_at IS NULL
+            FOR UPDATE OF m SKIP LOCKED)
+        DELETE FROM memories m
+        USING (SELECT tenant_id, user_id, memory_id FROM picked
+               UNION SELECT tenant_id, user_id, memory_id FROM chain) AS d
+        WHERE m.tenant_id = d.tenant_id AND m.user_id = d.user_id AND m.memory_id = d.memory_id
+        RETURNING m.tenant_id, m.user_id, m.persona_id, m.agent_id
+        """,
+        limit,
+    )
+    return _scopes(rows)
+
+
+async def expire_messages(conn: asyncpg.Connection, limit: int) -> list[tuple[Scope, str]]:
+    """Delete up to ``limit`` expired messages, oldest expiry first; returns the (owner scope,
+    session) of every row deleted."""
+    rows = await conn.fetch(
+        """
+        DELETE FROM messages WHERE ctid = ANY(ARRAY(
+            SELECT ctid FROM messages
+            WHERE expires_at <= now()
+            ORDER BY expires_at
+            LIMIT $1
+            FOR UPDATE SKIP LOCKED))
+        RETURNING tenant_id, user_id, persona_id, agent_id, session_id
+        """,
+        limit,
+    )
+    return [(s, r["session_id"]) for s, r in zip(_scopes(rows), rows, strict=True)]
+
+
+async def expire_episodes(conn: asyncpg.Connection, limit: int) -> list[Scope]:
+    """Delete up to ``limit`` expired episodes; their topic and fact edges go by cascade
+    (the facts themselves stay). Returns the scope of every episode deleted."""
+    rows = await conn.fetch(
+        """
+        DELETE FROM episodes e
+        USING (SELECT tenant_id, user_id, episode_id FROM episodes
+               WHERE expires_at <= now()
+               ORDER BY expires_at
+               LIMIT $1
+               FOR UPDATE SKIP LOCKED) AS d
+        WHERE e.tenant_id = d.tenant_id AND e.user_id = d.user_id AND e.episode_id = d.episode_id
+        RETURNING e.tenant_id, e.user_id, e.persona_id, e.agent_id
+        """,
+        limit,
+    )
+    return _scopes(rows)
+
+
+async def drop_orphan_topics(conn: asyncpg.Connection, tenant_id: str, user_id: str) -> int:
+    """Topics of the user left without any episode (as erasure does: a topic's name is
+    derived from the conversations it grouped). Takes the user's extraction lock, so a job
+    linking a fresh episode to one of them is never undone; call inside a transaction."""
+    await lock_user(conn, tenant_id, user_id)
+    status: str = await conn.execute(
+        "DELETE FROM topics t WHERE t.tenant_id = $1 AND t.user_id = $2 AND NOT EXISTS ("
+        " SELECT 1 FROM topic_episodes e WHERE e.tenant_id = t.tenant_id"
+        " AND e.user_id = t.user_id AND e.topic_id = t.topic_id)",
+        tenant_id,
+        user_id,
+    )
+    return int(status.split()[-1])
+
+
+async def bump_versions(conn: asyncpg.Connection, users: Iterable[tuple[str, str]]) -> None:
+    """A new content version for each (tenant, user), in one statement. Sorted, so two
+    workers bumping overlapping users lock their rows in the same order (no deadlock)."""
+    ordered = sorted(set(users))
+    if not ordered:
+        return
+    await conn.execute(
+        "INSERT INTO scope_versions (tenant_id, user_id, version)"
+        " SELECT t, u, nextval('scope_version_seq')"
+        " FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS x(t, u, i) ORDER BY i"
+        " ON CONFLICT (tenant_id, user_id) DO UPDATE SET version = EXCLUDED.version",
+        [t for t, _ in ordered],
+        [u for _, u in ordered],
+    )
+
+
+async def reindex_session(conn: asyncpg.Connection, scope: Scope, session_id: str) -> None:
+    """Rebuild the context index of a session some messages expired from (their neighbours'
+    index still held the expired words); serialised per session."""
+    async with conn.transaction():
+        await conn.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended($1, 11))",
+            "\x1f".join((*scope.key, session_id)),
+        )
+        await messages.reindex_sessions(conn, [(scope, session_id)])
+
+
+async def end_session(conn: asyncpg.Connection, scopes: Sequence[Scope], session_id: str) -> int:
+    """Delete the SESSION memories of a session that ended (every version), in each of the
+    given exact scopes; call inside a transaction. Returns rows deleted."""
+    deleted = 0
+    for scope in dict.fromkeys(scopes):
+        await lock_user(conn, scope.tenant_id, scope.user_id)
+        status: str = await conn.execute(
+            "DELETE FROM memories WHERE tenant_id = $1 AND user_id = $2 AND persona_id = $3"
+            " AND agent_id = $4 AND session_id = $5 AND retention_policy = 'session'",
+            *scope.key,
+            session_id,
+        )
+        deleted += int(status.split()[-1])
+    return deleted
+
+
+async def drop_expired_duplicate(
+    conn: asyncpg.Connection, scope: Scope, content_hash: bytes
+) -> int:
+    """Delete the expired (not yet purged) active memory with exactly this content in exactly
+    this scope, with its chain, so a new write of the same content starts a fresh memory
+    instead of reviving an expired one. Returns rows deleted."""
+    status: str = await conn.execute(
+        "DELETE FROM memories WHERE tenant_id = $1 AND user_id = $2 AND lineage_id IN ("
+        " SELECT lineage_id FROM memories WHERE tenant_id = $1 AND user_id = $2"
+        " AND persona_id = $3 AND agent_id = $4 AND content_hash = $5"
+        " AND invalid_at IS NULL AND expires_at <= now())",
+        *scope.key,
+        content_hash,
+    )
+    return int(status.split()[-1])
+
+
+async def align_lineage(
+    conn: asyncpg.Connection, tenant_id: str, user_id: str, lineage_id: uuid.UUID
+) -> None:
+    """Give the older versions of a memory the retention of its current version (after an
+    explicit write changed it), so the whole chain expires, or ends with its session, as one."""
+    await conn.execute(
+        "UPDATE memories o SET retention_policy = c.retention_policy, expires_at = c.expires_at,"
+        " session_id = CASE WHEN c.retention_policy = 'session' THEN c.session_id"
+        " ELSE o.session_id END"
+        " FROM memories c WHERE c.tenant_id = $1 AND c.user_id = $2 AND c.lineage_id = $3"
+        " AND c.invalid_at IS NULL AND o.tenant_id = $1 AND o.user_id = $2"
+        " AND o.lineage_id = $3 AND o.invalid_at IS NOT NULL"
+        " AND (o.retention_policy, o.expires_at, o.session_id)"
+        " IS DISTINCT FROM (c.retention_policy, c.expires_at,"
+        " CASE WHEN c.retention_policy = 'session' THEN c.session_id ELSE o.session_id END)",
+        tenant_id,
+        user_id,
+        lineage_id,
+    )
+
+
+async def stamp_episode(
+    conn: asyncpg.Connection, owner: Scope, episode_scope: Scope, session_id: str
+) -> None:
+    """An episode expires with the last of its source messages (the session owner's; all of
+    the session's when it names none): NULL (never) as soon as one of them never expires, or
+    when none is found."""
+    await conn.execute(
+        """
+        UPDATE episodes e SET expires_at = (
+            SELECT CASE WHEN count(*) = 0 OR bool_or(m.expires_at IS NULL) THEN NULL
+                        ELSE max(m.expires_at) END
+            FROM messages m
+            WHERE m.tenant_id = $1 AND m.user_id = $2 AND m.persona_id = $3
+              AND m.agent_id = $4 AND m.session_id = $5
+              AND (m.message_id = ANY(e.source_message_ids)
+                   OR cardinality(e.source_message_ids) = 0))
+        WHERE e.tenant_id = $1 AND e.user_id = $6 AND e.persona_id = $7 AND e.agent_id = $8
+          AND e.session_id = $5
+        """,
+        *owner.key,
+        session_id,
+        episode_scope.user_id,
+        episode_scope.persona_id,
+        episode_scope.agent_id,
+    )

@@ -1,0 +1,174 @@
+"""The expiry task: delete expired memories, episodes and messages in bounded batches.
+
+Runs in every worker process (every MEMSVC_EXPIRY_INTERVAL_S, jittered) and once from
+``memsvc worker --once``. Each batch is one short statement over at most MEMSVC_EXPIRY_BATCH
+rows taken with SKIP LOCKED, so any number of workers share the work without waiting on each
+other. After a batch of memories or episodes, the affected users get a new content version
+(cached Prefetch packets holding the deleted rows are never looked up again) and their cached
+keys are dropped. Messages never appear in a packet, so their batches leave the cache alone
+and instead rebuild the context index of the sessions they left.
+
+Correctness does not wait for this task: every read filters ``expires_at > now()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import asyncpg
+
+from memsvc import metrics
+from memsvc.cache.invalidation import PacketInvalidator
+from memsvc.storage import retention
+
+log = logging.getLogger(__name__)
+
+# What a database outage raises; the loop outlives all of these (as the outbox worker does).
+_DATABASE_DOWN = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+    OSError,
+    TimeoutError,
+)
+# Cached-key deletions in flight at once after a batch.
+_INVALIDATE_CONCURRENCY = 32
+
+
+@dataclass(frozen=True)
+class ExpirySettings:
+    interval_s: float = 60.0
+    batch: int = 500
+
+
+@dataclass
+class ExpiryReport:
+    """Rows one run deleted, by kind, and the batches it took."""
+
+    memories: int = 0
+    episodes: int = 0
+    topics: int = 0
+    messages: int = 0
+    batches: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.memories + self.episodes + self.topics + self.messages
+
+
+class ExpiryTask:
+    """Deletes what expired; ``run_once`` for one full pass, ``start``/``stop`` for the loop."""
+
+    def __init__(
+        self, pool: asyncpg.Pool, invalidator: PacketInvalidator, settings: ExpirySettings
+    ) -> None:
+        self._pool = pool
+        self._invalidator = invalidator
+        self._settings = settings
+        self._rng = random.Random()
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
+
+    # -- one pass ------------------------------------------------------------------------------
+
+    async def run_once(self) -> ExpiryReport:
+        """Delete everything expired now, batch after batch, until a batch comes back short."""
+        report = ExpiryReport()
+        limit = self._settings.batch
+        while await self._memory_batch(report) >= limit:
+            pass
+        while await self._episode_batch(report) >= limit:
+            pass
+        while await self._message_batch(report) >= limit:
+            pass
+        if report.total:
+            log.info(
+                "expired %d memories, %d episodes, %d topics, %d messages in %d batches",
+                report.memories,
+                report.episodes,
+                report.topics,
+                report.messages,
+                report.batches,
+            )
+        return report
+
+    async def _memory_batch(self, report: ExpiryReport) -> int:
+        async with self._pool.acquire() as conn:
+            scopes = await retention.expire_memories(conn, self._settings.batch)
+            users = {(s.tenant_id, s.user_id) for s in scopes}
+            await retention.bump_versions(conn, users)
+        await self._invalidate(users)
+        report.memories += len(scopes)
+        report.batches += 1
+        metrics.EXPIRED.labels("memory").inc(len(scopes))
+        return len(scopes)
+
+    async def _episode_batch(self, report: ExpiryReport) -> int:
+        topics = 0
+        async with self._pool.acquire() as conn:
+            scopes = await retention.expire_episodes(conn, self._settings.batch)
+            users = {(s.tenant_id, s.user_id) for s in scopes}
+            for tenant_id, user_id in sorted(users):
+                async with conn.transaction():
+                    topics += await retention.drop_orphan_topics(conn, tenant_id, user_id)
+            await retention.bump_versions(conn, users)
+        await self._invalidate(users)
+        report.episodes += len(scopes)
+        report.topics += topics
+        report.batches += 1
+        metrics.EXPIRED.labels("episode").inc(len(scopes))
+        metrics.EXPIRED.labels("topic").inc(topics)
+        return len(scopes)
+
+    async def _message_batch(self, report: ExpiryReport) -> int:
+        async with self._pool.acquire() as conn:
+            deleted = await retention.expire_messages(conn, self._settings.batch)
+            for scope, session_id in dict.fromkeys(deleted):
+                try:
+                    await retention.reindex_session(conn, scope, session_id)
+                except asyncpg.DeadlockDetectedError:
+                    # Raced an extraction job indexing the same session; it rebuilt the
+                    # context of the turns it touched, and the next change rebuilds the rest.
+                    log.info("context reindex after expiry skipped (deadlock with a job)")
+        report.messages += len(deleted)
+        report.batches += 1
+        metrics.EXPIRED.labels("message").inc(len(deleted))
+        return len(deleted)
+
+    async def _invalidate(self, users: Iterable[tuple[str, str]]) -> None:
+        pending = sorted(users)
+        for i in range(0, len(pending), _INVALIDATE_CONCURRENCY):
+            chunk = pending[i : i + _INVALIDATE_CONCURRENCY]
+            await asyncio.gather(*(self._invalidator.drop_user(t, u) for t, u in chunk))
+
+    # -- the periodic loop -------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._stopping.clear()
+        self._task = asyncio.ensure_future(self._loop())
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _loop(self) -> None:
+        while not self._stopping.is_set():
+            # Jittered, so the workers of a fleet started together do not all run at once.
+            delay = self._settings.interval_s * self._rng.uniform(0.8, 1.2)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), timeout=delay)
+            if self._stopping.is_set():
+                return
+            try:
+                await self.run_once()
+            except _DATABASE_DOWN as exc:
+                log.warning("expiry pass failed (%s); retrying next interval", type(exc).__name__)
