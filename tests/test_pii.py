@@ -11,6 +11,7 @@ import grpc
 import pytest
 from prometheus_client import REGISTRY
 
+from memsvc.config import ConfigError, Settings
 from memsvc.governance import pii
 from memsvc.governance.policy import PII_KINDS, parse_pii_policy
 from memsvc.server.app import MemsvcServer
@@ -198,6 +199,18 @@ def test_screen_of_a_long_text_is_quick_enough_and_exact() -> None:
     screened = pii.screen(text, REDACT_ALL)
     assert PHONE not in screened.text and "$12.50" in screened.text
     assert screened.text.count("[redacted phone number]") == text.count(PHONE)
+
+
+def test_phone_regions_setting() -> None:
+    berlin = "call me on 030 901820"
+    assert found(berlin) == []  # not a US or UK number
+    assert pii.detect(berlin, phone_regions=("DE",)) == [pii.Span(11, 21, "phone")]
+    assert found("call me on +49 30 901820") == [("+49 30 901820", "phone")]
+    settings = Settings.from_env({"MEMSVC_PII_PHONE_REGIONS": "de, fr"})
+    assert settings.pii_phone_regions == ("DE", "FR")
+    assert Settings().pii_phone_regions == ("US", "GB")
+    with pytest.raises(ConfigError, match="MEMSVC_PII_PHONE_REGIONS: unknown region"):
+        Settings.from_env({"MEMSVC_PII_PHONE_REGIONS": "de,xx"})
 
 
 # -- end to end ----------------------------------------------------------------------------------
