@@ -217,6 +217,12 @@ class Settings:
     pii_phone_regions: tuple[str, ...] = ("US", "GB")
     # Stored messages (the conversation history) expire after this many days; 0: never.
     message_ttl_days: int = 90
+    # Retention: a SESSION memory is deleted when its session ends, or after this at the
+    # latest; the expiry task runs every interval (jittered) in each worker process and
+    # deletes at most `expiry_batch` rows per statement.
+    session_retention_s: int = 86_400
+    expiry_interval_s: float = 60.0
+    expiry_batch: int = 500
     # How long a process trusts its copy of a tenant's settings.
     tenant_settings_cache_s: float = 5.0
 
@@ -307,6 +313,8 @@ class Settings:
             "EXPORT_DEFAULT_DEADLINE_S": "export_default_deadline_s",
             "MAX_REQUEST_BYTES": "max_request_bytes",
             "MESSAGE_TTL_DAYS": "message_ttl_days",
+            "SESSION_RETENTION_S": "session_retention_s",
+            "EXPIRY_BATCH": "expiry_batch",
         }
         for env_name, attr in int_fields.items():
             raw = get(env_name)
@@ -327,6 +335,7 @@ class Settings:
             "HALF_LIFE_DAYS": "half_life_days",
             "TENANT_RATE_PER_S": "tenant_rate_per_s",
             "TENANT_SETTINGS_CACHE_S": "tenant_settings_cache_s",
+            "EXPIRY_INTERVAL_S": "expiry_interval_s",
         }
         for env_name, attr in float_fields.items():
             raw = get(env_name)
@@ -411,6 +420,12 @@ class Settings:
             raise ConfigError(f"MEMSVC_LOG_FORMAT: expected text or json, got {self.log_format!r}")
         if self.max_request_bytes < 1024:
             raise ConfigError("MEMSVC_MAX_REQUEST_BYTES must be at least 1024")
+        if self.session_retention_s < 1 or self.expiry_batch < 1:
+            raise ConfigError(
+                "MEMSVC_SESSION_RETENTION_S and MEMSVC_EXPIRY_BATCH must be at least 1"
+            )
+        if self.expiry_interval_s <= 0:
+            raise ConfigError("MEMSVC_EXPIRY_INTERVAL_S must be positive")
         for name in ("export_batch_rows", "export_max_in_flight", "export_default_deadline_s"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"MEMSVC_{name.upper()} must be at least 1")
