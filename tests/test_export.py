@@ -300,6 +300,16 @@ async def test_expired_rows_are_not_exported(caller: Caller, pool: asyncpg.Pool)
             " WHERE tenant_id = $1 AND message_id = 'm-old'",
             caller.tenant_id,
         )
+        # Episodes of a session-retained conversation expire with it.
+        for session, expires in (("s-old", "now() - interval '1 s'"), ("s-new", "NULL")):
+            await conn.execute(
+                "INSERT INTO episodes (tenant_id, user_id, episode_id, session_id, title, summary,"
+                f" started_at, ended_at, expires_at) VALUES ($1, 'alice', $2, $3, 'A call',"
+                f" 'They talked.', now(), now(), {expires})",
+                caller.tenant_id,
+                uuid.uuid4(),
+                session,
+            )
     records = await export(caller)
     assert set(ids(records, "memory")) == {kept.memory_id, later.memory_id}
     assert ids(records, "message") == ["m-new"]
@@ -307,7 +317,8 @@ async def test_expired_rows_are_not_exported(caller: Caller, pool: asyncpg.Pool)
     assert by_id[later.memory_id]["retention_policy"] == "ttl"
     assert by_id[later.memory_id]["expires_at"].endswith("Z")
     assert by_id[kept.memory_id]["expires_at"] is None
-    assert records[-1]["counts"] == {"memory": 2, "episode": 0, "topic": 0, "message": 1}
+    assert [r["session_id"] for r in records if r["type"] == "episode"] == ["s-new"]
+    assert records[-1]["counts"] == {"memory": 2, "episode": 1, "topic": 0, "message": 1}
 
 
 # -- refusals -------------------------------------------------------------------------------

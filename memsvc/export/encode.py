@@ -102,6 +102,7 @@ def episode(row: Mapping[str, Any]) -> dict[str, Any]:
         "started_at": row["started_at"],
         "ended_at": row["ended_at"],
         "recorded_at": row["recorded_at"],
+        "expires_at": row["expires_at"],
         "memory_ids": _ids(row["memory_ids"]),
         "topic_ids": _ids(row["topic_ids"]),
     }

@@ -77,11 +77,12 @@ def memories(subject: Subject, at: datetime) -> Statement:
 def episodes(subject: Subject, at: datetime) -> Statement:
     """Episodes oldest first, with the facts they produced and the topics they belong to."""
     where, args = _owner(subject, "e")
+    args.append(at)
     return (
         f"""{MARKER}
         SELECT e.episode_id, e.user_id, e.persona_id, e.agent_id, e.session_id, e.title,
                e.summary, e.excerpt, e.source_message_ids, e.started_at, e.ended_at,
-               e.recorded_at,
+               e.recorded_at, e.expires_at,
                ARRAY(SELECT em.memory_id FROM episode_memories em
                      WHERE em.tenant_id = e.tenant_id AND em.user_id = e.user_id
                        AND em.episode_id = e.episode_id ORDER BY em.memory_id) AS memory_ids,
@@ -89,7 +90,7 @@ def episodes(subject: Subject, at: datetime) -> Statement:
                      WHERE te.tenant_id = e.tenant_id AND te.user_id = e.user_id
                        AND te.episode_id = e.episode_id ORDER BY te.topic_id) AS topic_ids
         FROM episodes e
-        WHERE {where}
+        WHERE {where} AND (e.expires_at IS NULL OR e.expires_at > ${len(args)})
         ORDER BY e.started_at, e.episode_id""",
         args,
     )
