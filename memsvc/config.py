@@ -60,6 +60,26 @@ def _parse_port(name: str, raw: str) -> int | None:
     return port
 
 
+def _parse_half_lives(raw: str) -> tuple[tuple[str, float], ...]:
+    """ "preference=180,event=30" (categories are checked against the vocabulary later)."""
+    name = "MEMSVC_CONFIDENCE_HALF_LIFE_DAYS"
+    pairs: dict[str, float] = {}
+    for part in (p.strip() for p in raw.split(",")):
+        if not part:
+            continue
+        category, sep, value = (x.strip() for x in part.partition("="))
+        if not sep or not category:
+            raise ConfigError(f"{name}: expected category=days, got {part!r}")
+        try:
+            days = float(value)
+        except ValueError:
+            raise ConfigError(f"{name}: {category}: expected a number, got {value!r}") from None
+        if not 0 < days < float("inf"):
+            raise ConfigError(f"{name}: {category} must be a positive number of days")
+        pairs[category] = days
+    return tuple(pairs.items())
+
+
 def _parse_csv(raw: str) -> tuple[str, ...]:
     return tuple(part.strip().lower() for part in raw.split(",") if part.strip())
 
@@ -169,6 +189,22 @@ class Settings:
     # Room for the framing, the longest session echo and a withheld note.
     packet_min_chars: int = 600
     half_life_days: float = 30.0
+    # Trust over time (memsvc.memories.trust): confidence half-life in days per category,
+    # over the defaults (preference 180, profile 365, relationship 365, goal 90, event 30,
+    # context 60); a category without one uses context's.
+    confidence_half_life_days: tuple[tuple[str, float], ...] = ()
+    # Reads record the memories they return; a background task writes last_referenced_at in
+    # one batched UPDATE every interval. Beyond max_pending ids a record is dropped (counted).
+    references_flush_interval_ms: int = 1_000
+    references_max_pending: int = 100_000
+    # Core memory (pinned + core-role facts of one scope): at most this many characters of
+    # content for the human block (no persona) and a persona block; 0 means no limit. A write
+    # that overflows compacts the block (memsvc.memories.compaction).
+    core_human_max_chars: int = 2_000
+    core_persona_max_chars: int = 2_000
+    # With the openai extractor, how long the summarizing call may take before compaction
+    # falls back to demotion.
+    core_compaction_timeout_ms: int = 5_000
     prefetch_topics: int = 8
     prefetch_episodes: int = 8
     prefetch_facts: int = 40
@@ -312,6 +348,11 @@ class Settings:
             "EXPORT_MAX_IN_FLIGHT": "export_max_in_flight",
             "EXPORT_DEFAULT_DEADLINE_S": "export_default_deadline_s",
             "MAX_REQUEST_BYTES": "max_request_bytes",
+            "REFERENCES_FLUSH_INTERVAL_MS": "references_flush_interval_ms",
+            "REFERENCES_MAX_PENDING": "references_max_pending",
+            "CORE_HUMAN_MAX_CHARS": "core_human_max_chars",
+            "CORE_PERSONA_MAX_CHARS": "core_persona_max_chars",
+            "CORE_COMPACTION_TIMEOUT_MS": "core_compaction_timeout_ms",
             "MESSAGE_TTL_DAYS": "message_ttl_days",
             "SESSION_RETENTION_S": "session_retention_s",
             "EXPIRY_BATCH": "expiry_batch",
@@ -372,6 +413,8 @@ class Settings:
             values["roles"] = _parse_csv(raw)
         if (raw := get("PII_PHONE_REGIONS")) is not None:
             values["pii_phone_regions"] = tuple(r.upper() for r in _parse_csv(raw))
+        if (raw := get("CONFIDENCE_HALF_LIFE_DAYS")) is not None:
+            values["confidence_half_life_days"] = _parse_half_lives(raw)
         settings = cls(**values)
         settings.validate()
         return settings
@@ -402,6 +445,22 @@ class Settings:
             raise ConfigError("MEMSVC_RRF_K must be at least 1")
         if self.half_life_days <= 0:
             raise ConfigError("MEMSVC_HALF_LIFE_DAYS must be positive")
+        for category, days in self.confidence_half_life_days:
+            if category not in self.categories:
+                raise ConfigError(
+                    f"MEMSVC_CONFIDENCE_HALF_LIFE_DAYS: unknown category {category!r} "
+                    f"(categories: {', '.join(self.categories)})"
+                )
+            if not 0 < days < float("inf"):
+                raise ConfigError(
+                    f"MEMSVC_CONFIDENCE_HALF_LIFE_DAYS: {category} must be a positive number "
+                    "of days"
+                )
+        if self.references_flush_interval_ms < 10 or self.references_max_pending < 1:
+            raise ConfigError(
+                "MEMSVC_REFERENCES_FLUSH_INTERVAL_MS must be at least 10 and "
+                "MEMSVC_REFERENCES_MAX_PENDING at least 1"
+            )
         if not self.packet_min_chars <= self.packet_default_chars <= self.packet_max_chars:
             raise ConfigError(
                 f"MEMSVC_PACKET_DEFAULT_CHARS must be within {self.packet_min_chars}.."

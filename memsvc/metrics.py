@@ -112,6 +112,26 @@ PII_SCREENED = Counter(
     ["kind", "action", "path"],
 )
 
+# Trust over time and the core-memory limit.
+REFERENCES_FLUSHED = Counter(
+    "memsvc_references_flushed_total", "Memory ids whose last_referenced_at a flush wrote"
+)
+REFERENCES_DROPPED = Counter(
+    "memsvc_references_dropped_total",
+    "Memory ids not recorded as referenced (buffer full, or the flush failed)",
+    ["reason"],
+)
+CORE_DEMOTED = Counter(
+    "memsvc_core_demoted_total",
+    "Core memories demoted to ordinary facts to keep a core block within its limit",
+    ["path"],
+)
+CORE_COMPACTIONS = Counter(
+    "memsvc_core_compactions_total",
+    "Core-block compactions, by how (demote, summarize, or fallback after a model failure)",
+    ["mode"],
+)
+
 # Retention: rows the expiry task (or a session's end) deleted.
 EXPIRED = Counter(
     "memsvc_expired_total",

@@ -25,6 +25,8 @@ from memsvc.governance.guard import PiiGuard
 from memsvc.governance.policy import TenantPolicies, parse_pii_policy
 from memsvc.ingest.service import IngestService
 from memsvc.loop_lag import LoopLag
+from memsvc.memories import trust
+from memsvc.memories.compaction import CoreCompactor, CoreLimits, CoreSummarizer
 from memsvc.memories.service import MemoryService
 from memsvc.prefetch.service import PrefetchConfig, PrefetchService
 from memsvc.retrieval.embed_cache import EmbeddingLRU, QueryEmbedder
@@ -33,6 +35,7 @@ from memsvc.storage.pool import connect_and_migrate
 from memsvc.workers.expiry import ExpirySettings, ExpiryTask
 from memsvc.workers.outbox_worker import OutboxWorker, WorkerSettings
 from memsvc.workers.reconcile import mark_stale, reconcile_once
+from memsvc.workers.references import ReferenceRecorder
 
 
 def embedder_from_settings(settings: Settings, *, background: bool = False) -> Embedder:
@@ -94,6 +97,8 @@ class Runtime:
     export: ExportService
     pipeline: ExtractionPipeline
     pipeline_embedder: Embedder
+    trust_policy: trust.TrustPolicy
+    references: ReferenceRecorder
     worker: OutboxWorker | None
     expiry: ExpiryTask
 
@@ -156,13 +161,20 @@ class Runtime:
         )
         self.guard = PiiGuard(self.policies, phone_regions=settings.pii_phone_regions)
         acquire_timeout_s = settings.pg_acquire_timeout_ms / 1000
+        self._build_trust(settings)
+        write_embedder = MeasuredEmbedder(self.embedder, "write")
         self.memories = MemoryService(
             self.pool,
-            MeasuredEmbedder(self.embedder, "write"),
+            write_embedder,
             self.invalidator,
             acquire_timeout_s=acquire_timeout_s,
             embed_timeout_s=settings.embed_timeout_ms / 1000,
             guard=self.guard,
+            trust_policy=self.trust_policy,
+            compactor=self._compactor(
+                settings, write_embedder, embed_timeout_s=settings.embed_timeout_ms / 1000
+            ),
+            references=self.references,
         )
         self.ingest = IngestService(
             self.pool, acquire_timeout_s=acquire_timeout_s, policies=self.policies
@@ -184,6 +196,9 @@ class Runtime:
             self.invalidator,
             pipeline_settings(settings),
             guard=self.guard,
+            compactor=self._compactor(
+                settings, self.pipeline_embedder, embed_timeout_s=settings.worker_embed_timeout_s
+            ),
         )
         if self._with_worker:
             await mark_stale(self.pool, self.embedder.model_id)
@@ -209,6 +224,39 @@ class Runtime:
             self.expiry.start()
             self._stack.push_async_callback(self.expiry.stop)
 
+    def _build_trust(self, settings: Settings) -> None:
+        """Confidence decay and last_referenced_at: the policy, and the recorder whose task
+        flushes references in the background (stopped, with a last flush, before the pool
+        closes)."""
+        self.trust_policy = trust.policy_from(settings.confidence_half_life_days)
+        self.references = ReferenceRecorder(
+            self.pool,
+            interval_s=settings.references_flush_interval_ms / 1000,
+            max_pending=settings.references_max_pending,
+            statement_timeout_s=settings.pg_command_timeout_ms / 1000,
+        )
+        self.references.start()
+        self._stack.push_async_callback(self.references.stop)
+
+    def _compactor(
+        self, settings: Settings, embedder: Embedder, *, embed_timeout_s: float
+    ) -> CoreCompactor:
+        """The core-memory limit; with a model that can summarize (openai), compaction
+        folds demoted items into one core fact."""
+        extractor = self.extractor
+        return CoreCompactor(
+            CoreLimits(
+                human_chars=settings.core_human_max_chars,
+                persona_chars=settings.core_persona_max_chars,
+                core_role=settings.roles[0],
+            ),
+            self.trust_policy,
+            embedder=embedder,
+            summarizer=extractor if isinstance(extractor, CoreSummarizer) else None,
+            summarize_timeout_s=settings.core_compaction_timeout_ms / 1000,
+            embed_timeout_s=embed_timeout_s,
+        )
+
     def _build_read_path(self, settings: Settings) -> None:
         """Recall and Prefetch share the query-embedding LRU and the leg runner."""
         query_embedder = QueryEmbedder(
@@ -226,6 +274,7 @@ class Runtime:
             runner,
             RecallConfig.from_settings(settings),
             loop_lag=loop_lag,
+            references=self.references,
         )
         self.prefetch = PrefetchService(
             self.pool,
@@ -239,6 +288,7 @@ class Runtime:
             runner,
             PrefetchConfig.from_settings(settings),
             loop_lag=loop_lag,
+            references=self.references,
         )
 
     async def _background_embedder(self, settings: Settings) -> Embedder:

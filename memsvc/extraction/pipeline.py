@@ -33,6 +33,7 @@ from memsvc.extraction.guardrails import Thresholds, Verdict, classify, passes_f
 from memsvc.extraction.rules import HISTORICAL_OF
 from memsvc.governance.guard import PiiGuard, is_core
 from memsvc.governance.pii import Screened
+from memsvc.memories.compaction import CoreCompactor
 from memsvc.memories.model import NewMemory, Scope
 from memsvc.memories.normalize import content_hash, normalize_content
 from memsvc.storage import extraction as store
@@ -60,6 +61,7 @@ class Outcome:
     messages_indexed: int = 0
     redacted: int = 0
     pii_rejected: int = 0
+    core_demoted: int = 0
 
     def add(self, other: Outcome | dict[str, int]) -> None:
         values = other if isinstance(other, dict) else other.as_dict()
@@ -111,7 +113,11 @@ class ExtractionPipeline:
         invalidator: PacketInvalidator,
         settings: PipelineSettings,
         guard: PiiGuard | None = None,
+        *,
+        compactor: CoreCompactor | None = None,
     ) -> None:
+        # The core-memory limit (None: no limit), enforced in each speaker's transaction.
+        self._compactor = compactor
         self._pool = pool
         self._embedder = embedder
         self._extractor = extractor
@@ -282,10 +288,21 @@ class ExtractionPipeline:
                 result.add(done or {})
                 return result
             touched: list[uuid.UUID] = []
+            core_written: list[uuid.UUID] = []
             for candidate, vector in zip(candidates, fact_vectors, strict=True):
                 memory_id = await self._apply(conn, job, scope, candidate, vector, outcome)
                 if memory_id is not None:
                     touched.append(memory_id)
+                    if self._compactor and self._compactor.limits.in_block(
+                        pinned=False, role=candidate.role
+                    ):
+                        core_written.append(memory_id)
+            if self._compactor is not None and core_written:
+                # Under the user's lock taken above, like every core writer.
+                compacted = await self._compactor.enforce(
+                    conn, scope, protect=set(core_written), path="extraction"
+                )
+                outcome.core_demoted += len(compacted.demoted)
             if episode is not None:
                 times = [t.sent_at for t in speaker.turns]
                 started = min([*times, *([previous["started_at"]] if previous else [])])

@@ -84,6 +84,14 @@ class MemoryRecord:
     retention_policy: str = "user-controlled"
     # When it expires (never: None); an expired row is never returned.
     expires_at: datetime | None = None
+    # Trust over time (memories.trust) and the core-memory limit (memories.compaction).
+    last_reinforced_at: datetime | None = None
+    last_referenced_at: datetime | None = None
+    demoted_at: datetime | None = None
+    # The role it had in the core block before compaction demoted it ("" if never demoted).
+    demoted_role: str = ""
+    # Filled by the service answering (trust.decorate); None: not computed.
+    effective_confidence: float | None = None
 
 
 @dataclass(frozen=True)

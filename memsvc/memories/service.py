@@ -6,6 +6,8 @@ import logging
 import uuid
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
+from dataclasses import replace
+from datetime import UTC, datetime
 from typing import NamedTuple
 
 import asyncpg
@@ -16,11 +18,14 @@ from memsvc.deadline import Budget
 from memsvc.embedding import Embedder, EmbeddingError
 from memsvc.errors import FailedPrecondition, InvalidArgument, NotFound
 from memsvc.governance.guard import PiiGuard, is_core
+from memsvc.memories import trust
+from memsvc.memories.compaction import CoreCompactor
 from memsvc.memories.model import ListQuery, MemoryRecord, NewMemory, Page, Scope
 from memsvc.memories.normalize import content_hash
 from memsvc.storage import erasure, versions
 from memsvc.storage import memories as store
 from memsvc.storage.pool import acquire
+from memsvc.workers.references import ReferenceRecorder
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +53,14 @@ class MemoryService:
         acquire_timeout_s: float,
         embed_timeout_s: float,
         guard: PiiGuard | None = None,
+        trust_policy: trust.TrustPolicy | None = None,
+        compactor: CoreCompactor | None = None,
+        references: ReferenceRecorder | None = None,
     ) -> None:
+        self._trust = trust_policy or trust.TrustPolicy()
+        # Core-memory limit (None: no limit) and last_referenced_at recording (None: off).
+        self._compactor = compactor
+        self._references = references
         self._pool = pool
         self._embedder = embedder
         self._invalidator = invalidator
@@ -77,11 +89,16 @@ class MemoryService:
         """Store a memory, or reinforce the identical active one, after the PII screen."""
         memory, redactions = await self._guard.screen_memory(scope.tenant_id, memory)
         digest = content_hash(memory.content)
+        compactor = self._core_compactor(pinned=memory.pinned, role=memory.role)
+        if compactor is not None:
+            compactor.check_fits(scope, memory.content)
         async with self._connection(budget) as conn:
             # An exact duplicate needs no embedding: skip the model call when we can see it.
             duplicate = await store.find_active_duplicate(conn, scope, digest)
             embedding = None if duplicate else await self._embed_one(memory.content, budget)
             async with conn.transaction():
+                if compactor is not None:
+                    await compactor.lock(conn, scope)
                 record, reinforced = await store.insert_or_reinforce(
                     conn,
                     scope,
@@ -90,9 +107,17 @@ class MemoryService:
                     embedding=embedding,
                     embedding_model=self._embedder.model_id,
                 )
+                if compactor is not None:
+                    await compactor.enforce(
+                        conn,
+                        scope,
+                        protect={record.memory_id},
+                        path="remember",
+                        budget_s=budget.remaining(),
+                    )
                 await versions.bump_version(conn, scope.tenant_id, scope.user_id)
         await self._invalidator.drop_user(scope.tenant_id, scope.user_id)
-        return Remembered(record, reinforced, redactions)
+        return Remembered(self._decorate(record), reinforced, redactions)
 
     async def correct(
         self, scope: Scope, memory_id: uuid.UUID, new_content: str, reason: str, budget: Budget
@@ -104,9 +129,15 @@ class MemoryService:
         digest = content_hash(new_content)
         embedding = await self._embed_one(new_content, budget)
         async with self._connection(budget) as conn, conn.transaction():
+            if self._compactor is not None:
+                # Before any row lock: the order every core writer takes them in.
+                await self._compactor.lock(conn, scope)
             old = await store.get_visible(conn, scope, memory_id, for_update=True)
             if old is None:
                 raise NotFound(f"memory {memory_id} not found in this scope")
+            compactor = self._core_compactor(pinned=old.pinned, role=old.role)
+            if compactor is not None:
+                compactor.check_fits(old.scope, new_content, field="new_content")
             if old.invalid_at is not None:
                 raise FailedPrecondition(
                     f"memory {memory_id} was already superseded by {old.superseded_by_id}; "
@@ -148,9 +179,17 @@ class MemoryService:
                 supersedes_id=old.memory_id,
                 correction_reason=reason,
             )
+            if compactor is not None:
+                await compactor.enforce(
+                    conn,
+                    old.scope,
+                    protect={record.memory_id},
+                    path="correct",
+                    budget_s=budget.remaining(),
+                )
             await versions.bump_version(conn, scope.tenant_id, scope.user_id)
         await self._invalidator.drop_user(scope.tenant_id, scope.user_id)
-        return record
+        return self._decorate(record)
 
     async def _screen_correction(
         self, scope: Scope, memory_id: uuid.UUID, new_content: str, reason: str, budget: Budget
@@ -201,7 +240,12 @@ class MemoryService:
 
     async def list_page(self, scope: Scope, query: ListQuery, budget: Budget) -> Page:
         async with self._connection(budget) as conn:
-            return await store.list_page(conn, scope, query)
+            page = await store.list_page(conn, scope, query)
+        if self._references is not None:
+            self._references.record(
+                scope.tenant_id, scope.user_id, (r.memory_id for r in page.memories)
+            )
+        return replace(page, memories=[self._decorate(r) for r in page.memories])
 
     async def history(
         self, scope: Scope, memory_id: uuid.UUID, budget: Budget
@@ -211,4 +255,15 @@ class MemoryService:
             record = await store.get_visible(conn, scope, memory_id)
             if record is None:
                 raise NotFound(f"memory {memory_id} not found in this scope")
-            return await store.lineage(conn, scope, record.lineage_id)
+            versions_ = await store.lineage(conn, scope, record.lineage_id)
+        return [self._decorate(r) for r in versions_]
+
+    def _decorate(self, record: MemoryRecord) -> MemoryRecord:
+        return trust.decorate(record, datetime.now(UTC), self._trust)
+
+    def _core_compactor(self, *, pinned: bool, role: str) -> CoreCompactor | None:
+        """The compactor when a memory like this one belongs to the core block."""
+        compactor = self._compactor
+        if compactor is None or not compactor.limits.in_block(pinned=pinned, role=role):
+            return None
+        return compactor

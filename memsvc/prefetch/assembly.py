@@ -154,13 +154,20 @@ def base_weight(record: MemoryRecord) -> float:
     return 1.0 + record.reinforced_count
 
 
+def trust_of(record: MemoryRecord) -> float:
+    """The effective confidence when the service filled it, else the stored one."""
+    if record.effective_confidence is not None:
+        return record.effective_confidence
+    return record.confidence
+
+
 def core_order(records: Iterable[MemoryRecord]) -> list[MemoryRecord]:
-    """Pinned first, then more confident, then newest."""
+    """Pinned first, then more confident (effective confidence), then newest."""
     return sorted(
         records,
         key=lambda r: (
             not r.pinned,
-            -round(r.confidence, 6),
+            -round(trust_of(r), 6),
             -r.recorded_at.timestamp(),
             r.memory_id,
         ),

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from memsvc.memories.model import MemoryRecord
+from memsvc.prefetch.assembly import trust_of
 from memsvc.prefetch.model import CORE, EPISODES, PERSONA, RELEVANT, EpisodeRecord
 
 MAX_LINE_CHARS = 400
@@ -107,7 +108,7 @@ def fact_line(record: MemoryRecord) -> str:
     """ "- [very sure] No sugar in coffee (preference, you corrected it on Aug 18, 2025)"."""
     content = _one_line(record.content)
     return (
-        f"- [{confidence_label(record.confidence)}] {content}"
+        f"- [{confidence_label(trust_of(record))}] {content}"
         f" ({record.category}, {provenance(record)})"
     )
 

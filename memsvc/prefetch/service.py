@@ -14,8 +14,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator, Coroutine, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -36,6 +38,7 @@ from memsvc.embedding.base import EmbeddingTimeout
 from memsvc.errors import ResourceExhausted
 from memsvc.fanout import LegRunner, late
 from memsvc.loop_lag import LoopLag
+from memsvc.memories import trust
 from memsvc.memories.model import MemoryRecord
 from memsvc.prefetch import assembly, codec, expiry, packet, queries
 from memsvc.prefetch.model import (
@@ -59,6 +62,7 @@ from memsvc.retrieval.scope_filter import keep_visible, memory_visible
 from memsvc.retrieval.sources import statement_timeout
 from memsvc.storage import versions
 from memsvc.v1 import memory_pb2 as pb
+from memsvc.workers.references import ReferenceRecorder
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +91,7 @@ class PrefetchConfig:
     redis_timeout_s: float
     max_loop_lag_s: float = 0.0
     delays: Mapping[str, float] = field(default_factory=dict)
+    trust_policy: trust.TrustPolicy = field(default_factory=trust.TrustPolicy)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> PrefetchConfig:
@@ -104,6 +109,7 @@ class PrefetchConfig:
             redis_timeout_s=settings.redis_timeout_ms / 1000,
             max_loop_lag_s=settings.reads_max_loop_lag_ms / 1000,
             delays=delays_from_settings(settings.debug_stage_delays_ms),
+            trust_policy=trust.policy_from(settings.confidence_half_life_days),
         )
 
 
@@ -158,7 +164,9 @@ class PrefetchService:
         config: PrefetchConfig,
         *,
         loop_lag: LoopLag | None = None,
+        references: ReferenceRecorder | None = None,
     ) -> None:
+        self._references = references
         self._pool = pool
         self._embedder = embedder
         self._cache = cache
@@ -233,12 +241,23 @@ class PrefetchService:
             timings.build_ms = (time.perf_counter() - build_started) * 1000
             wire = codec.to_proto(built)
 
+        self._record_references(query, wire)
         text = ""
         if wire.text:
             text = f"{packet.header(query.session_id)}\n\n{wire.text}"
         timings.total_ms = (time.perf_counter() - started) * 1000
         _observe(timings, status, degraded=wire.degraded)
         return PrefetchResult(text=text, wire=wire, cache=status, timings=timings)
+
+    def _record_references(self, query: PrefetchQuery, wire: pb.PrefetchResponse) -> None:
+        """The facts this answer shows (built or from the cache) were referenced now."""
+        if self._references is None or not wire.facts:
+            return
+        ids = []
+        for fact in wire.facts:
+            with contextlib.suppress(ValueError):
+                ids.append(uuid.UUID(fact.memory_id))
+        self._references.record(query.scope.tenant_id, query.scope.user_id, ids)
 
     async def _build(
         self, query: PrefetchQuery, version: int, key: str, budget: Budget, *, use_cache: bool
@@ -431,21 +450,30 @@ class PrefetchService:
     ) -> Packet:
         cfg = self._config
         scope = query.scope
+        now = datetime.now(UTC)
+
+        def decorate(record: MemoryRecord) -> MemoryRecord:
+            return trust.decorate(record, now, cfg.trust_policy)
+
         # Defense in depth: every fact re-checked against the caller's scope, as Recall does.
         persona_ranked = assembly.order_facts(
-            (FactCandidate(r, w, 0.0) for r, w in core.persona if memory_visible(scope, r)),
+            (
+                FactCandidate(decorate(r), w, 0.0)
+                for r, w in core.persona
+                if memory_visible(scope, r)
+            ),
             cfg.roles,
         )
         persona_records = [c.record for c in persona_ranked]
         taken = {r.memory_id for r in persona_records}
         core_records = [
             r
-            for r in assembly.core_order(core.core)
+            for r in assembly.core_order(decorate(r) for r in core.core)
             if r.memory_id not in taken and memory_visible(scope, r)
         ]
         taken.update(r.memory_id for r in core_records)
         relevant_records = [
-            c.record
+            decorate(c.record)
             for c in assembly.order_facts(relevant.candidates, cfg.roles)
             if c.record.memory_id not in taken and memory_visible(scope, c.record)
         ][: cfg.facts]

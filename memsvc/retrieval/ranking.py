@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from memsvc.memories import trust
+from memsvc.memories.model import MemoryRecord
 from memsvc.retrieval.fusion import Fused
 from memsvc.retrieval.query import ItemKind
 from memsvc.retrieval.route_effects import NEUTRAL, RoutePlan
@@ -35,6 +37,8 @@ class RankWeights:
 class Ranked:
     fused: Fused
     score: float
+    # A fact's record with its effective confidence filled (None for other kinds).
+    memory: MemoryRecord | None = None
 
 
 def decay(age_days: float, half_life_days: float) -> float:
@@ -56,20 +60,32 @@ def final_order(
     role_order: Sequence[str],
     plan: RoutePlan = NEUTRAL,
     weights: RankWeights = RankWeights(),
+    trust_policy: trust.TrustPolicy | None = None,
+    trust_now: datetime | None = None,
 ) -> list[Ranked]:
     """Score = fused * (1 + boosts) * route factor; best first, ties by fused score then
-    item key."""
+    item key.
+
+    A fact's confidence boost uses its effective confidence (decayed to ``trust_now``, the
+    as_of time of the read, or ``now``) when a trust policy is given.
+    """
     ranked: list[Ranked] = []
     for item in fused:
         hit = item.hit
         age_days = (now - hit.occurred_at).total_seconds() / SECONDS_PER_DAY
         boost = weights.recency * decay(age_days, weights.half_life_days)
+        record = hit.memory
+        if record is not None and trust_policy is not None:
+            record = trust.decorate(record, trust_now or now, trust_policy)
         if hit.kind is ItemKind.FACT and hit.confidence is not None:
-            boost += weights.confidence * hit.confidence
+            confidence = hit.confidence
+            if record is not None and record.effective_confidence is not None:
+                confidence = record.effective_confidence
+            boost += weights.confidence * confidence
             boost += weights.role * role_bonus(hit.role, role_order)
             boost += weights.pinned * (1.0 if hit.pinned else 0.0)
         else:
             boost += weights.confidence * weights.neutral_confidence
-        ranked.append(Ranked(item, item.fused_score * (1.0 + boost) * plan.factor(hit)))
+        ranked.append(Ranked(item, item.fused_score * (1.0 + boost) * plan.factor(hit), record))
     ranked.sort(key=lambda r: (-r.score, -r.fused.fused_score, r.fused.hit.key))
     return ranked

@@ -26,6 +26,7 @@ from memsvc.debug_delay import delays_from_settings
 from memsvc.embedding.base import EmbeddingTimeout
 from memsvc.fanout import LegRunner, late
 from memsvc.loop_lag import LoopLag
+from memsvc.memories import trust
 from memsvc.retrieval import route_effects
 from memsvc.retrieval.dense import dense_hits
 from memsvc.retrieval.embed_cache import QueryEmbedder
@@ -34,6 +35,7 @@ from memsvc.retrieval.lexical import lexical_hits
 from memsvc.retrieval.query import Hit, RecallQuery
 from memsvc.retrieval.ranking import Ranked, RankWeights, final_order
 from memsvc.retrieval.scope_filter import keep_visible
+from memsvc.workers.references import ReferenceRecorder
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +59,7 @@ class RecallConfig:
     delays: Mapping[str, float] = field(default_factory=dict)
     # Query routing: the route's effects on the ordering (off: reported, but neutral).
     routing: bool = True
+    trust_policy: trust.TrustPolicy = field(default_factory=trust.TrustPolicy)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RecallConfig:
@@ -72,6 +75,7 @@ class RecallConfig:
             max_loop_lag_s=settings.reads_max_loop_lag_ms / 1000,
             delays=delays_from_settings(settings.debug_stage_delays_ms),
             routing=settings.routing,
+            trust_policy=trust.policy_from(settings.confidence_half_life_days),
         )
 
 
@@ -113,12 +117,14 @@ class RecallService:
         config: RecallConfig,
         *,
         loop_lag: LoopLag | None = None,
+        references: ReferenceRecorder | None = None,
     ) -> None:
         self._pool = pool
         self._embedder = embedder
         self._runner = runner
         self._config = config
         self._loop_lag = loop_lag
+        self._references = references
 
     @asynccontextmanager
     async def _connection(self, budget: Budget) -> AsyncIterator[asyncpg.Connection]:
@@ -222,7 +228,16 @@ class RecallService:
             role_order=self._config.roles,
             plan=plan,
             weights=RankWeights(half_life_days=self._config.half_life_days),
+            trust_policy=self._config.trust_policy,
+            trust_now=query.as_of,
         )[: query.top_k]
+        if self._references is not None:
+            scope = query.scope
+            self._references.record(
+                scope.tenant_id,
+                scope.user_id,
+                (r.memory.memory_id for r in ranked if r.memory is not None),
+            )
         timings.fuse_ms = (time.perf_counter() - fuse_started) * 1000
         timings.total_ms = (time.perf_counter() - started) * 1000
         order = [EMBED, DENSE, LEXICAL]

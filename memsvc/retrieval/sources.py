@@ -69,6 +69,10 @@ ROW_COLUMNS: tuple[tuple[str, str], ...] = (
     ("origin", "text"),
     ("correction_reason", "text"),
     ("status", "text"),
+    ("last_reinforced_at", "timestamptz"),
+    ("last_referenced_at", "timestamptz"),
+    ("demoted_at", "timestamptz"),
+    ("demoted_role", "text"),
     ("retention_policy", "text"),
     ("expires_at", "timestamptz"),
 )

@@ -62,7 +62,22 @@ def memory(record: MemoryRecord) -> pb.Memory:
     msg.retention_policy = _RETENTION.get(record.retention_policy, pb.RETENTION_POLICY_UNSPECIFIED)
     if record.expires_at is not None:
         msg.expires_at.CopyFrom(timestamp(record.expires_at))
+    _trust_fields(msg, record)
     return msg
+
+
+def _trust_fields(msg: pb.Memory, record: MemoryRecord) -> None:
+    """Decay and reference fields; a record no service decorated shows its stored trust."""
+    msg.effective_confidence = (
+        record.confidence if record.effective_confidence is None else record.effective_confidence
+    )
+    for name, value in (
+        ("last_reinforced_at", record.last_reinforced_at),
+        ("last_referenced_at", record.last_referenced_at),
+        ("demoted_at", record.demoted_at),
+    ):
+        if value is not None:
+            getattr(msg, name).CopyFrom(timestamp(value))
 
 
 _INGEST_STATES = {

@@ -49,8 +49,9 @@ def recall_response(result: RecallResult) -> pb.RecallResponse:
                 else pb.MESSAGE_ROLE_UNSPECIFIED
             ),
         )
-        if hit.memory is not None:
-            item.memory.CopyFrom(memory(hit.memory))
+        record = ranked.memory or hit.memory
+        if record is not None:
+            item.memory.CopyFrom(memory(record))
         items.append(item)
     t = result.timings
     return pb.RecallResponse(

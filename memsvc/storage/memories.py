@@ -27,6 +27,7 @@ _COLUMNS = """
     memory_id, lineage_id, content, subject, predicate, object, category, role, confidence,
     reinforced_count, pinned, valid_from, invalid_at, recorded_at, supersedes_id,
     superseded_by_id, source_message_ids, session_id, origin, correction_reason, status,
+    last_reinforced_at, last_referenced_at, demoted_at, demoted_role,
     retention_policy, expires_at
 """
 
@@ -63,6 +64,10 @@ def record_from_row(row: asyncpg.Record) -> MemoryRecord:
         correction_reason=row["correction_reason"],
         status=row["status"],
         sharing=Sharing(row["shared_all_agents"], row["shared_all_personas"]),
+        last_reinforced_at=row["last_reinforced_at"],
+        last_referenced_at=row["last_referenced_at"],
+        demoted_at=row["demoted_at"],
+        demoted_role=row["demoted_role"] or "",
         retention_policy=row["retention_policy"],
         expires_at=row["expires_at"],
     )
@@ -122,6 +127,8 @@ async def insert_or_reinforce(
             last_reinforced_at = now(),
             confidence = greatest(memories.confidence, EXCLUDED.confidence),
             pinned = memories.pinned OR EXCLUDED.pinned,
+            -- Pinned again: back in the core block, no longer a demoted one.
+            demoted_at = CASE WHEN EXCLUDED.pinned THEN NULL ELSE memories.demoted_at END,
             shared_all_agents = memories.shared_all_agents OR EXCLUDED.shared_all_agents,
             shared_all_personas = memories.shared_all_personas OR EXCLUDED.shared_all_personas,
             source_message_ids = ARRAY(

@@ -1,0 +1,49 @@
+"""SQL of the core block: read one scope's pinned and core-role facts, demote some in place."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+
+import asyncpg
+
+from memsvc.memories.model import MemoryRecord, Scope
+from memsvc.storage.memories import COLUMNS, record_from_row
+
+_EXACT = "tenant_id = $1 AND user_id = $2 AND persona_id = $3 AND agent_id = $4"
+_CURRENT = "invalid_at IS NULL AND (expires_at IS NULL OR expires_at > now())"
+DEMOTED_ROLE = "context"
+
+
+async def block(conn: asyncpg.Connection, scope: Scope, core_role: str) -> list[MemoryRecord]:
+    """The scope's own core block: current facts that are pinned or of the core role (the
+    definition of Prefetch's core section, for the rows this exact scope owns)."""
+    rows = await conn.fetch(
+        f"SELECT {COLUMNS} FROM memories WHERE {_EXACT} AND {_CURRENT}"
+        " AND (pinned OR role = $5) ORDER BY recorded_at, memory_id",
+        *scope.key,
+        core_role,
+    )
+    return [record_from_row(r) for r in rows]
+
+
+async def demote(
+    conn: asyncpg.Connection,
+    scope: Scope,
+    memory_ids: Sequence[uuid.UUID],
+    *,
+    into: uuid.UUID | None = None,
+) -> int:
+    """Make core memories ordinary facts (role context, unpinned), keeping their id, content
+    and history; what they were is kept in demoted_role / demoted_pinned."""
+    if not memory_ids:
+        return 0
+    status: str = await conn.execute(
+        f"UPDATE memories SET demoted_role = role, demoted_pinned = pinned,"
+        f" role = '{DEMOTED_ROLE}', pinned = false, demoted_at = now(), demoted_into = $6"
+        f" WHERE {_EXACT} AND memory_id = ANY($5::uuid[]) AND invalid_at IS NULL",
+        *scope.key,
+        list(memory_ids),
+        into,
+    )
+    return int(status.rsplit(" ", 1)[-1])

@@ -1,0 +1,109 @@
+"""last_referenced_at, off the hot path: reads record ids in memory, a task flushes them.
+
+``record`` is synchronous and O(ids) on the request's path: a dict assignment per memory, no
+I/O, never raises. When the buffer holds ``max_pending`` ids, new ones are dropped and
+counted (memsvc_references_dropped_total{reason="full"}). Every ``interval_s`` the buffer is
+swapped out and written in ONE batched UPDATE (storage.references); a failed flush is logged
+and counted (reason="flush_failed") and its ids are dropped: the field is a hint, and a read
+never waits for or fails because of it. ``stop`` flushes what is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Iterable
+from datetime import UTC, datetime
+
+import asyncpg
+
+from memsvc import metrics
+from memsvc.storage.references import mark_referenced
+
+log = logging.getLogger(__name__)
+
+_Key = tuple[str, str, uuid.UUID]
+
+
+class ReferenceRecorder:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        *,
+        interval_s: float,
+        max_pending: int,
+        statement_timeout_s: float = 5.0,
+    ) -> None:
+        self._pool = pool
+        self._interval_s = interval_s
+        self._max_pending = max_pending
+        self._timeout_s = statement_timeout_s
+        self._pending: dict[_Key, datetime] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+        self._stopping = asyncio.Event()
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def record(self, tenant_id: str, user_id: str, memory_ids: Iterable[uuid.UUID]) -> None:
+        """Note that a read returned these memories of one user now (never raises)."""
+        try:
+            now = datetime.now(UTC)
+            pending = self._pending
+            dropped = 0
+            for memory_id in memory_ids:
+                key = (tenant_id, user_id, memory_id)
+                if key in pending or len(pending) < self._max_pending:
+                    pending[key] = now
+                else:
+                    dropped += 1
+            if dropped:
+                metrics.REFERENCES_DROPPED.labels("full").inc(dropped)
+        except Exception:  # a hint must never fail the read that gives it
+            log.exception("recording referenced memories failed")
+
+    async def flush(self) -> int:
+        """Write everything recorded so far in one UPDATE; returns the rows updated (0 on a
+        failure, which is logged and counted, never raised)."""
+        async with self._lock:
+            if not self._pending:
+                return 0
+            batch, self._pending = self._pending, {}
+            rows = [(t, u, m, at) for (t, u, m), at in batch.items()]
+            try:
+                async with self._pool.acquire(timeout=self._timeout_s) as conn:
+                    updated = await mark_referenced(conn, rows, timeout_s=self._timeout_s)
+            except Exception as exc:
+                log.warning(
+                    "could not write last_referenced_at for %d memories: %s",
+                    len(rows),
+                    type(exc).__name__,
+                )
+                metrics.REFERENCES_DROPPED.labels("flush_failed").inc(len(rows))
+                return 0
+            metrics.REFERENCES_FLUSHED.inc(len(rows))
+            return updated
+
+    async def _run(self) -> None:
+        while not self._stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), self._interval_s)
+            await self.flush()
+
+    def start(self) -> None:
+        if self._task is None:
+            self._stopping.clear()
+            self._task = asyncio.create_task(self._run(), name="memsvc-references")
+
+    async def stop(self) -> None:
+        """Let the periodic task finish its flush, then flush what is left (call before the
+        pool closes)."""
+        task, self._task = self._task, None
+        self._stopping.set()
+        if task is not None:
+            await task
+        await self.flush()
