@@ -22,7 +22,7 @@ import base64
 import functools
 import json
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +37,7 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from memsvc.config import Settings
+from memsvc.server.app import MemsvcServer
 from memsvc.storage import api_keys
 from memsvc.storage.erasure import USER_TABLES
 from memsvc.v1 import memory_pb2 as pb
@@ -98,6 +99,9 @@ class FuzzTenant:
     ingest_ids: list[str]
     # Every memory id ever seeded (some are deleted or superseded by now).
     memory_ids: list[str]
+    # Writes what earlier reads left for the background (last_referenced_at), so a
+    # fingerprint taken after it only changes by what the next call does.
+    settle: Callable[[], Awaitable[object]]
 
     def __repr__(self) -> str:
         return f"FuzzTenant({self.caller.tenant_id})"
@@ -131,7 +135,7 @@ async def fingerprint_sql(conn: asyncpg.Connection) -> str:
 
 
 @pytest.fixture(scope="module")
-async def fuzz(pool: asyncpg.Pool, channel: grpc.aio.Channel) -> FuzzTenant:
+async def fuzz(pool: asyncpg.Pool, channel: grpc.aio.Channel, server: MemsvcServer) -> FuzzTenant:
     """The module's tenant: its key, a revoked second key, and an ingest."""
     tenant = f"t-fuzz-{uuid.uuid4().hex[:10]}"
     async with pool.acquire() as conn:
@@ -148,7 +152,14 @@ async def fuzz(pool: asyncpg.Pool, channel: grpc.aio.Channel) -> FuzzTenant:
             messages=[msg("alice", "I am a vegetarian", message_id="m1")],
         )
     )
-    return FuzzTenant(Caller(tenant, key, stub), revoked, sql, [ingest.ingest_id], [])
+    return FuzzTenant(
+        Caller(tenant, key, stub),
+        revoked,
+        sql,
+        [ingest.ingest_id],
+        [],
+        settle=server.runtime.references.flush,
+    )
 
 
 @pytest.fixture
@@ -595,6 +606,7 @@ async def call_and_check(
         request_serializer=None if raw else request_class(method).SerializeToString,
         response_deserializer=None if raw else response_class(method).FromString,
     )
+    await fuzz.settle()
     before = await fingerprint(pool, fuzz)
     try:
         if streaming:

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from datetime import UTC, datetime
 
 import asyncpg
@@ -87,6 +87,13 @@ class ReferenceRecorder:
                 return 0
             metrics.REFERENCES_FLUSHED.inc(len(rows))
             return updated
+
+    @contextlib.asynccontextmanager
+    async def held(self) -> AsyncIterator[None]:
+        """No flush writes while inside (a consistent look at the rows, e.g. comparing them
+        before and after a call); do not call ``flush`` in it."""
+        async with self._lock:
+            yield
 
     async def _run(self) -> None:
         while not self._stopping.is_set():
