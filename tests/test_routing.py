@@ -207,6 +207,27 @@ def test_a_when_question_favours_items_that_say_when() -> None:
     assert order(hits, "What race did Melanie run recently?") == ["about", "says-when"]
 
 
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("I ran a charity race last Saturday", True),
+        ("We moved here back in 2019", True),
+        ("Got back from Paris three weeks ago", True),
+        ("We are going in May", True),
+        ("It opens on 3 March", True),
+        ("I'll start next month", True),
+        ("Yesterday's hike was amazing", True),
+        ("I may go, we'll see", False),
+        ("They march on and on", False),
+        ("My son is 3 and loves trains", False),
+        ("Order 20155 shipped", False),
+        ("Charity races are such a good cause", False),
+    ],
+)
+def test_states_time(text: str, says: bool) -> None:
+    assert route_effects.states_time(text) is says
+
+
 def test_routes_without_a_kept_effect_are_neutral() -> None:
     hit = msg("m", "My mom visited last Saturday, 25 May 2023", day(2023, 5, 25))
     for query in ("What did my mom bring?", "favourite food", "", "what happened recently"):

@@ -37,23 +37,40 @@ class RouteWeights:
     date_slack_after: timedelta = timedelta(days=7)
 
 
-# A message that says when something happened or will.
-_STATES_TIME = re.compile(
-    r"\b(yesterday|today|tonight|tomorrow|ago|recently|lately|earlier|soon"
-    r"|(?:last|next|this|past|coming) (?:week|weekend|month|year|night|morning|afternoon"
-    r"|evening|summer|winter|spring|fall|autumn|monday|tuesday|wednesday|thursday|friday"
-    r"|saturday|sunday|few (?:days|weeks|months|years))"
-    r"|(?:a few|couple of|\d+|one|two|three|several) (?:days|weeks|months|years)"
-    r"|(?:19|20)\d\d|january|february|april|june|july|august|september|october|november"
-    r"|december|(?:in|on|of|since|early|late|mid|last|next|this) (?:may|march)"
-    r"|\d\d?(?:st|nd|rd|th)? (?:of )?(?:may|march)|(?:may|march) \d"
-    r"|monday|tuesday|wednesday|thursday|friday|saturday|sunday)\b",
-    re.IGNORECASE,
+def _words(text: str) -> frozenset[str]:
+    return frozenset(text.split())
+
+
+# A message that says when something happened or will: a word that does on its own, a year,
+# or a phrase ("last week", "3 days", "in May"). Tokens first: most messages hold none of
+# the words, and a set lookup is cheaper than the phrase regex over every candidate.
+_TIME_WORDS = _words(
+    "yesterday today tonight tomorrow ago recently lately earlier soon january february april"
+    " june july august september october november december monday tuesday wednesday thursday"
+    " friday saturday sunday"
 )
+_PHRASE_WORDS = _words(
+    "days weeks months years may march week weekend month year night morning afternoon"
+    " evening summer winter spring fall autumn"
+)
+_TIME_PHRASE = re.compile(
+    r"\b(?:(?:last|next|this|past|coming) (?:week|weekend|month|year|night|morning|afternoon"
+    r"|evening|summer|winter|spring|fall|autumn|few (?:days|weeks|months|years))"
+    r"|(?:a few|couple of|\d+|one|two|three|several) (?:days|weeks|months|years)"
+    r"|(?:in|on|of|since|early|late|mid|last|next|this) (?:may|march)"
+    r"|\d\d?(?:st|nd|rd|th)? (?:of )?(?:may|march)|(?:may|march) \d)\b"
+)
+_TOKEN = re.compile(r"[a-z]+|\d+")
 
 
 def states_time(text: str) -> bool:
-    return bool(_STATES_TIME.search(text))
+    lowered = text.lower()
+    tokens = set(_TOKEN.findall(lowered))
+    if not tokens.isdisjoint(_TIME_WORDS):
+        return True
+    if any(len(t) == 4 and t[:2] in ("19", "20") and t.isdigit() for t in tokens):
+        return True
+    return not tokens.isdisjoint(_PHRASE_WORDS) and bool(_TIME_PHRASE.search(lowered))
 
 
 @dataclass(frozen=True)
