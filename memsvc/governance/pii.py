@@ -152,6 +152,12 @@ def _card_layout_ok(lengths: Sequence[int]) -> bool:
     return all(n == 4 for n in lengths[:-1]) and 1 <= lengths[-1] <= 4
 
 
+def _card_prefix_layout_ok(groups: Sequence[re.Match[str]], i: int, j: int) -> bool:
+    """Groups i..j-1 (all but the last of a window ending at j) can start a card layout."""
+    inner = len(groups[j - 1].group())
+    return inner == 4 or (inner == 6 and j - 1 == i + 1 and len(groups[i].group()) == 4)
+
+
 def _glued_after(text: str, end: int) -> bool:
     """The match continues as a word, a decimal or a slash-date right after ``end``."""
     if end >= len(text):
@@ -171,6 +177,8 @@ def find_cards(text: str) -> Iterator[Span]:
             found = None
             digits = ""
             for j in range(i, len(groups)):
+                if j > i and not _card_prefix_layout_ok(groups, i, j):
+                    break
                 digits += groups[j].group()
                 if len(digits) > 19:
                     break
@@ -438,6 +446,10 @@ _PHONE_CONTEXT = re.compile(
 )
 
 
+# Candidates libphonenumber examines per text: bounds the time of a text made of digits.
+_PHONE_MAX_TRIES = 200
+
+
 def find_phones(text: str, regions: Sequence[str] = DEFAULT_PHONE_REGIONS) -> Iterator[Span]:
     """Phone numbers valid in their numbering plan: international (+...) anywhere, national
     ones of the given regions. Bare digit strings need a phone word nearby ("call me on")."""
@@ -445,7 +457,10 @@ def find_phones(text: str, regions: Sequence[str] = DEFAULT_PHONE_REGIONS) -> It
         return
     seen: set[tuple[int, int]] = set()
     for region in regions:
-        for match in phonenumbers.PhoneNumberMatcher(text, region, phonenumbers.Leniency.VALID):
+        matcher = phonenumbers.PhoneNumberMatcher(
+            text, region, phonenumbers.Leniency.VALID, max_tries=_PHONE_MAX_TRIES
+        )
+        for match in matcher:
             where = (match.start, match.end)
             if where in seen:
                 continue
