@@ -285,6 +285,31 @@ async def test_message_ttl_per_tenant_and_episodes_expire_with_their_messages(
     }
 
 
+async def test_an_expired_message_leaves_no_trace_in_its_neighbours_index(
+    caller: Caller, server: MemsvcServer, pool: asyncpg.Pool, drain
+) -> None:  # type: ignore[no-untyped-def]
+    await ingest(
+        caller,
+        [
+            msg("alice", "We talked about the weather."),
+            msg("alice", "My cousin moved to Zanzibar."),
+            msg("alice", "Then we discussed lunch."),
+        ],
+    )
+    await drain()
+    indexed = "context_tsv @@ to_tsquery('english', 'zanzibar')"
+    assert await count(pool, "messages", caller.tenant_id, indexed) == 3  # itself + neighbours
+
+    await expire_now(pool, "messages", caller.tenant_id, "text LIKE '%Zanzibar%'")
+    await expiry(server).run_once()
+
+    assert await count(pool, "messages", caller.tenant_id) == 2
+    assert await count(pool, "messages", caller.tenant_id, indexed) == 0
+    # (The dense leg still returns the nearest remaining messages; no word matches any more.)
+    hits = await recall(caller, "Zanzibar", types=[pb.ITEM_TYPE_MESSAGE], top_k=50)
+    assert all(item.lexical_rank == 0 and "Zanzibar" not in item.text for item in hits.items)
+
+
 async def test_session_memories_go_when_their_session_ends(
     caller: Caller, pool: asyncpg.Pool, drain
 ) -> None:  # type: ignore[no-untyped-def]

@@ -60,15 +60,21 @@ async def expire_memories(conn: asyncpg.Connection, limit: int) -> list[Scope]:
 async def expire_messages(conn: asyncpg.Connection, limit: int) -> list[tuple[Scope, str]]:
     """Delete up to ``limit`` expired messages, oldest expiry first; returns the (owner scope,
     session) of every row deleted."""
+    # By key, not ctid: a row another transaction updated after this statement's snapshot is
+    # locked at its newest version, whose ctid the snapshot's scan would never match.
     rows = await conn.fetch(
         """
-        DELETE FROM messages WHERE ctid = ANY(ARRAY(
-            SELECT ctid FROM messages
-            WHERE expires_at <= now()
-            ORDER BY expires_at
-            LIMIT $1
-            FOR UPDATE SKIP LOCKED))
-        RETURNING tenant_id, user_id, persona_id, agent_id, session_id
+        DELETE FROM messages m
+        USING (SELECT tenant_id, user_id, persona_id, agent_id, session_id, message_id
+               FROM messages
+               WHERE expires_at <= now()
+               ORDER BY expires_at
+               LIMIT $1
+               FOR UPDATE SKIP LOCKED) AS d
+        WHERE m.tenant_id = d.tenant_id AND m.user_id = d.user_id
+          AND m.persona_id = d.persona_id AND m.agent_id = d.agent_id
+          AND m.session_id = d.session_id AND m.message_id = d.message_id
+        RETURNING m.tenant_id, m.user_id, m.persona_id, m.agent_id, m.session_id
         """,
         limit,
     )
@@ -123,6 +129,24 @@ async def bump_versions(conn: asyncpg.Connection, users: Iterable[tuple[str, str
         [t for t, _ in ordered],
         [u for _, u in ordered],
     )
+
+
+async def live_sessions(
+    conn: asyncpg.Connection, sessions: Sequence[tuple[Scope, str]]
+) -> list[tuple[Scope, str]]:
+    """The given sessions that still hold an unexpired message (one statement)."""
+    if not sessions:
+        return []
+    columns = list(zip(*((*scope.key, session_id) for scope, session_id in sessions), strict=True))
+    rows = await conn.fetch(
+        "SELECT t, u, p, a, s FROM unnest($1::text[], $2::text[], $3::text[], $4::text[],"
+        " $5::text[]) AS x(t, u, p, a, s) WHERE EXISTS (SELECT 1 FROM messages m"
+        " WHERE m.tenant_id = x.t AND m.user_id = x.u AND m.persona_id = x.p"
+        " AND m.agent_id = x.a AND m.session_id = x.s"
+        " AND (m.expires_at IS NULL OR m.expires_at > now()))",
+        *(list(c) for c in columns),
+    )
+    return [(Scope(r["t"], r["u"], r["p"], r["a"]), r["s"]) for r in rows]
 
 
 async def reindex_session(conn: asyncpg.Connection, scope: Scope, session_id: str) -> None:

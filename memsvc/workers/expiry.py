@@ -128,7 +128,9 @@ class ExpiryTask:
     async def _message_batch(self, report: ExpiryReport) -> int:
         async with self._pool.acquire() as conn:
             deleted = await retention.expire_messages(conn, self._settings.batch)
-            for scope, session_id in dict.fromkeys(deleted):
+            # Sessions wholly expired need no index: the next batches delete the rest.
+            touched = list(dict.fromkeys(deleted))
+            for scope, session_id in await retention.live_sessions(conn, touched):
                 try:
                     await retention.reindex_session(conn, scope, session_id)
                 except asyncpg.DeadlockDetectedError:
