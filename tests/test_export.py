@@ -512,3 +512,22 @@ async def test_the_client_streams_retries_a_refusal_and_cancels_when_stopped_ear
                 break
             await asyncio.sleep(0.05)
         assert server.runtime.export.in_flight == 0 and await export_sessions(pool) == 0
+
+
+async def test_a_demoted_core_memory_says_so(caller: Caller, pool: asyncpg.Pool) -> None:
+    core = (await remember(caller, "Is allergic to penicillin", role="core")).memory
+    plain = (await remember(caller, "Likes jazz")).memory
+    async with pool.acquire() as conn:
+        await conn.execute(
+            "UPDATE memories SET demoted_at = now(), demoted_role = role, role = 'context'"
+            " WHERE tenant_id = $1 AND memory_id = $2",
+            caller.tenant_id,
+            core.memory_id,
+        )
+    records = await export(caller)
+    by_id = {r["memory_id"]: r for r in records if r["type"] == "memory"}
+    demoted = by_id[core.memory_id]["demoted"]
+    assert demoted["former_role"] == "core" and demoted["was_pinned"] is False
+    assert demoted["at"].endswith("Z") and demoted["summarised_into"] is None
+    assert by_id[core.memory_id]["role"] == "context"
+    assert by_id[plain.memory_id]["demoted"] is None

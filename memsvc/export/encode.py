@@ -85,6 +85,15 @@ def memory(row: Mapping[str, Any]) -> dict[str, Any]:
             "all_agents": row["shared_all_agents"],
             "all_personas": row["shared_all_personas"],
         },
+        # Set when core-memory compaction moved it out of the core block.
+        "demoted": None
+        if row["demoted_at"] is None
+        else {
+            "at": row["demoted_at"],
+            "former_role": row["demoted_role"],
+            "was_pinned": row["demoted_pinned"],
+            "summarised_into": _opt_id(row["demoted_into"]),
+        },
     }
 
 

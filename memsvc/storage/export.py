@@ -65,7 +65,8 @@ def memories(subject: Subject, at: datetime) -> Statement:
                m.recorded_at, m.last_reinforced_at, m.last_referenced_at, m.supersedes_id,
                m.superseded_by_id, m.source_message_ids, m.session_id, m.origin,
                m.correction_reason, m.retention_policy, m.expires_at, m.shared_all_agents,
-               m.shared_all_personas, m.ingest_id,
+               m.shared_all_personas, m.ingest_id, m.demoted_at, m.demoted_role,
+               m.demoted_pinned, m.demoted_into,
                min(m.recorded_at) OVER (PARTITION BY m.lineage_id) AS lineage_started_at
         FROM memories m
         WHERE {where} AND (m.expires_at IS NULL OR m.expires_at > ${len(args)})
