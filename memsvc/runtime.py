@@ -159,7 +159,9 @@ class Runtime:
             default_message_ttl_s=settings.message_ttl_s,
             cache_s=settings.tenant_settings_cache_s,
         )
-        self.guard = PiiGuard(self.policies, phone_regions=settings.pii_phone_regions)
+        self.guard = PiiGuard(
+            self.policies, phone_regions=settings.pii_phone_regions, core_role=settings.roles[0]
+        )
         acquire_timeout_s = settings.pg_acquire_timeout_ms / 1000
         self._build_trust(settings)
         write_embedder = MeasuredEmbedder(self.embedder, "write")

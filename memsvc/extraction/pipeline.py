@@ -31,7 +31,7 @@ from memsvc.extraction.base import (
 from memsvc.extraction.gate import is_phatic
 from memsvc.extraction.guardrails import Thresholds, Verdict, classify, passes_floor, rules_decision
 from memsvc.extraction.rules import HISTORICAL_OF
-from memsvc.governance.guard import PiiGuard, is_core
+from memsvc.governance.guard import PiiGuard
 from memsvc.governance.pii import Screened
 from memsvc.memories.compaction import CoreCompactor
 from memsvc.memories.model import NewMemory, Scope
@@ -376,7 +376,7 @@ class ExtractionPipeline:
         kept: list[CandidateFact] = []
         found: list[Screened] = []
         for fact in candidates:
-            core = is_core(fact.role, pinned=False)
+            core = self._guard.is_core(fact.role, pinned=False)
             content, subject, obj = (
                 self._guard.screen(text, policy, core=core)
                 for text in (fact.content, fact.subject, fact.object)

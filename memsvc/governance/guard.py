@@ -19,12 +19,8 @@ from memsvc.metrics import PII_SCREENED
 
 log = logging.getLogger(__name__)
 
+# The first role of the vocabulary is the core one (as in Prefetch and the core-memory limit).
 CORE_ROLE = "core"
-
-
-def is_core(role: str, pinned: bool) -> bool:
-    """Core memory (pinned, or role "core") never holds screened data, whatever the policy."""
-    return pinned or role == CORE_ROLE
 
 
 class PiiGuard:
@@ -35,9 +31,16 @@ class PiiGuard:
         policies: TenantPolicies,
         *,
         phone_regions: Sequence[str] = pii.DEFAULT_PHONE_REGIONS,
+        core_role: str = CORE_ROLE,
     ) -> None:
         self._policies = policies
         self._phone_regions = tuple(phone_regions)
+        self._core_role = core_role
+
+    def is_core(self, role: str, pinned: bool) -> bool:
+        """Core memory (pinned, or the core role) never holds screened data, whatever the
+        policy."""
+        return pinned or role == self._core_role
 
     @classmethod
     def default(cls) -> PiiGuard:
@@ -91,7 +94,7 @@ class PiiGuard:
         and the labels of what was redacted. INVALID_ARGUMENT, before anything is written,
         when it holds a kind the tenant rejects."""
         policy = await self.policy(tenant_id)
-        core = is_core(memory.role, memory.pinned)
+        core = self.is_core(memory.role, memory.pinned)
         fields = {
             name: self.screen(getattr(memory, name), policy, core=core)
             for name in ("content", "subject", "object")

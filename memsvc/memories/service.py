@@ -17,7 +17,7 @@ from memsvc.cache.invalidation import PacketInvalidator
 from memsvc.deadline import Budget
 from memsvc.embedding import Embedder, EmbeddingError
 from memsvc.errors import FailedPrecondition, InvalidArgument, NotFound
-from memsvc.governance.guard import PiiGuard, is_core
+from memsvc.governance.guard import PiiGuard
 from memsvc.memories import trust
 from memsvc.memories.compaction import CoreCompactor
 from memsvc.memories.model import ListQuery, MemoryRecord, NewMemory, Page, Scope
@@ -200,7 +200,7 @@ class MemoryService:
         async def corrects_core() -> bool:
             async with self._connection(budget) as conn:
                 old = await store.get_visible(conn, scope, memory_id)
-            return old is not None and is_core(old.role, old.pinned)
+            return old is not None and self._guard.is_core(old.role, old.pinned)
 
         return await self._guard.screen_correction(
             scope.tenant_id, new_content, reason, corrects_core
