@@ -47,7 +47,9 @@ async def age(pool: asyncpg.Pool, caller: Caller, memory_id: str, days: float) -
 async def referenced(pool: asyncpg.Pool, caller: Caller) -> dict[str, datetime | None]:
     async with pool.acquire() as conn:
         rows = await conn.fetch(
-            "SELECT content, last_referenced_at FROM memories WHERE tenant_id = $1",
+            "SELECT m.content, r.last_referenced_at FROM memories m"
+            " LEFT JOIN memory_references r USING (tenant_id, user_id, memory_id)"
+            " WHERE m.tenant_id = $1",
             caller.tenant_id,
         )
     return {r["content"]: r["last_referenced_at"] for r in rows}
@@ -134,9 +136,7 @@ async def test_prefetch_cache_hits_are_references_too(
     assert [f.content for f in first.facts] == ["Prefers to be called Sam"]
     await server.runtime.references.flush()
     async with pool.acquire() as conn:
-        await conn.execute(
-            "UPDATE memories SET last_referenced_at = NULL WHERE tenant_id = $1", caller.tenant_id
-        )
+        await conn.execute("DELETE FROM memory_references WHERE tenant_id = $1", caller.tenant_id)
     second = await caller.stub.Prefetch(pb.PrefetchRequest(scope=SCOPE, session_id="s2"))
     assert second.cache == pb.CACHE_STATUS_HIT
     await server.runtime.references.flush()

@@ -21,6 +21,7 @@ from memsvc.memories.model import Scope
 from memsvc.retrieval.query import Hit, ItemKind
 from memsvc.storage.memories import VISIBLE as FACT_VISIBLE
 from memsvc.storage.memories import record_from_row
+from memsvc.storage.references import last_referenced_sql
 
 # asyncpg rejects a zero timeout; the leg runner cancels at the budget anyway.
 _MIN_STATEMENT_TIMEOUT_S = 0.001
@@ -140,6 +141,8 @@ def to_hit(row: asyncpg.Record, score: float) -> Hit:
     )
 
 
+_REFERENCED = "last_referenced_at"
+
 FACTS = Source(
     kind=ItemKind.FACT,
     table="memories",
@@ -152,9 +155,11 @@ FACTS = Source(
             **{
                 name: name
                 for name, _ in ROW_COLUMNS
-                if name not in ("kind", "item_id", "item_text", "occurred_at", "sender_id")
+                if name
+                not in ("kind", "item_id", "item_text", "occurred_at", "sender_id", _REFERENCED)
             },
             "sender_id": "''",
+            _REFERENCED: last_referenced_sql("memories"),
         },
     ),
     scope_sql=FACT_VISIBLE,

@@ -17,6 +17,7 @@ from typing import Any
 import asyncpg
 
 from memsvc.memories.model import Scope
+from memsvc.storage.references import last_referenced_sql
 
 # Marks the export's statements in pg_stat_activity (and lets a test find them).
 MARKER = "/* memsvc:export */"
@@ -62,7 +63,8 @@ def memories(subject: Subject, at: datetime) -> Statement:
         SELECT m.memory_id, m.lineage_id, m.user_id, m.persona_id, m.agent_id, m.content,
                m.subject, m.predicate, m.object, m.category, m.role, m.confidence,
                m.reinforced_count, m.pinned, m.status, m.valid_from, m.invalid_at,
-               m.recorded_at, m.last_reinforced_at, m.last_referenced_at, m.supersedes_id,
+               m.recorded_at, m.last_reinforced_at,
+               {last_referenced_sql("m")} AS last_referenced_at, m.supersedes_id,
                m.superseded_by_id, m.source_message_ids, m.session_id, m.origin,
                m.correction_reason, m.retention_policy, m.expires_at, m.shared_all_agents,
                m.shared_all_personas, m.ingest_id, m.demoted_at, m.demoted_role,

@@ -11,6 +11,7 @@ import numpy as np
 
 from memsvc.memories.model import ListQuery, MemoryRecord, NewMemory, Page, Scope, Sharing
 from memsvc.storage import retention
+from memsvc.storage.references import last_referenced_sql
 
 # Visible from a scope: rows written in exactly that scope, plus rows of the same user that
 # were explicitly shared across agents and/or personas. $1..$4 are tenant, user, persona, agent.
@@ -22,13 +23,13 @@ _VISIBLE = """
 # Not expired: an expired row is never returned, even before the expiry task deletes it.
 _NOT_EXPIRED = "(expires_at IS NULL OR expires_at > now())"
 
-_COLUMNS = """
+_COLUMNS = f"""
     tenant_id, user_id, persona_id, agent_id, shared_all_agents, shared_all_personas,
     memory_id, lineage_id, content, subject, predicate, object, category, role, confidence,
     reinforced_count, pinned, valid_from, invalid_at, recorded_at, supersedes_id,
     superseded_by_id, source_message_ids, session_id, origin, correction_reason, status,
-    last_reinforced_at, last_referenced_at, demoted_at, demoted_role,
-    retention_policy, expires_at
+    last_reinforced_at, {last_referenced_sql("memories")} AS last_referenced_at, demoted_at,
+    demoted_role, retention_policy, expires_at
 """
 
 

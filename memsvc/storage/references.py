@@ -1,4 +1,5 @@
-"""SQL of last_referenced_at: one batched UPDATE for everything reads returned lately."""
+"""SQL of last_referenced_at: one batched upsert into memory_references (migration 0008) for
+everything reads returned lately, and the expression reads select it with."""
 
 from __future__ import annotations
 
@@ -15,18 +16,22 @@ async def mark_referenced(
     *,
     timeout_s: float | None = None,
 ) -> int:
-    """Set last_referenced_at for (tenant, user, memory_id, read at) in one statement, joined
-    on the primary key; never moves the time back. Returns the rows updated."""
+    """Set last_referenced_at for (tenant, user, memory_id, read at) in one statement; never
+    moves the time back. Returns the rows written."""
     if not rows:
         return 0
     tenants, users, ids, times = (list(column) for column in zip(*rows, strict=True))
     status: str = await conn.execute(
-        "UPDATE memories AS m SET last_referenced_at = r.at"
+        "INSERT INTO memory_references AS t (tenant_id, user_id, memory_id, last_referenced_at)"
+        " SELECT r.tenant_id, r.user_id, r.memory_id, r.at"
         " FROM unnest($1::text[], $2::text[], $3::uuid[], $4::timestamptz[])"
         "   AS r(tenant_id, user_id, memory_id, at)"
-        " WHERE m.tenant_id = r.tenant_id AND m.user_id = r.user_id"
+        # Only memories that still exist (one deleted since it was read is skipped).
+        " JOIN memories m ON m.tenant_id = r.tenant_id AND m.user_id = r.user_id"
         "   AND m.memory_id = r.memory_id"
-        "   AND (m.last_referenced_at IS NULL OR m.last_referenced_at < r.at)",
+        " ON CONFLICT (tenant_id, user_id, memory_id) DO UPDATE"
+        " SET last_referenced_at = EXCLUDED.last_referenced_at"
+        " WHERE t.last_referenced_at < EXCLUDED.last_referenced_at",
         tenants,
         users,
         ids,
@@ -34,3 +39,13 @@ async def mark_referenced(
         timeout=timeout_s,
     )
     return int(status.rsplit(" ", 1)[-1])
+
+
+def last_referenced_sql(table: str) -> str:
+    """The scalar subquery giving last_referenced_at of the ``table`` row (a name or alias of
+    memories) in a SELECT or RETURNING list: one primary-key probe per row returned."""
+    return (
+        "(SELECT mr.last_referenced_at FROM memory_references mr"
+        f" WHERE mr.tenant_id = {table}.tenant_id AND mr.user_id = {table}.user_id"
+        f" AND mr.memory_id = {table}.memory_id)"
+    )
