@@ -127,6 +127,18 @@ async def test_recall_then_flush_marks_exactly_the_returned_ids(
     assert all(v is not None for v in (await referenced(pool, caller)).values())
     assert all(m.HasField("last_referenced_at") for m in (await listed(caller)).values())
 
+    # Forgetting memories removes their references too (a trigger, whatever path deletes).
+    async def references_left() -> int:
+        async with pool.acquire() as conn:
+            n: int = await conn.fetchval(
+                "SELECT count(*) FROM memory_references WHERE tenant_id = $1", caller.tenant_id
+            )
+        return n
+
+    assert await references_left() == 3
+    await caller.stub.Forget(pb.ForgetRequest(scope=SCOPE, all_in_scope=True))
+    assert await references_left() == 0
+
 
 async def test_prefetch_cache_hits_are_references_too(
     caller: Caller, pool: asyncpg.Pool, server: MemsvcServer
