@@ -166,7 +166,7 @@ def test_settings_core_limits_and_references() -> None:
 def test_ranking_boosts_by_effective_confidence() -> None:
     from memsvc.retrieval.fusion import Fused
     from memsvc.retrieval.query import Hit, ItemKind
-    from memsvc.retrieval.ranking import Ranked, final_order
+    from memsvc.retrieval.ranking import Ranked, RankWeights, final_order
 
     def fact(content: str, confidence: float, recorded: datetime) -> Fused:
         record = _record(
@@ -177,13 +177,15 @@ def test_ranking_boosts_by_effective_confidence() -> None:
             id=str(record.memory_id),
             text=content,
             session_id="",
-            occurred_at=NOW,  # same recency boost for both
+            occurred_at=recorded,  # a fact occurs when recorded (no recency boost: below)
             scope=record.scope,
             shared_all_agents=False,
             shared_all_personas=False,
             score=0.0,
             role="context",
             confidence=confidence,
+            category="event",
+            origin=record.origin,
             record_factory=lambda: record,
         )
         return Fused(hit, 0.1)
@@ -195,6 +197,8 @@ def test_ranking_boosts_by_effective_confidence() -> None:
         # Query routing replaces the `route` argument by a plan: pass it where still asked.
         if "route" in inspect.signature(final_order).parameters:
             options["route"] = "fact"
+        # Recency off: only confidence tells the two apart.
+        options.setdefault("weights", RankWeights(recency=0.0))
         return final_order(items, now=NOW, role_order=("core", "context"), **options)
 
     assert order([stale, fresh])[0].fused.hit.text == "stale but once sure"

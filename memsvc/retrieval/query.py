@@ -76,6 +76,10 @@ class Hit:
     role: str = ""
     confidence: float | None = None
     pinned: bool = False
+    # Facts: the inputs of the effective (decayed) confidence, so ranking needs no record.
+    category: str = ""
+    origin: str = ""
+    last_reinforced_at: datetime | None = None
     # Builds the fact's MemoryRecord (from the row the leg fetched); None for other kinds.
     record_factory: Callable[[], MemoryRecord] | None = field(default=None, repr=False)
 

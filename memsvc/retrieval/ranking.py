@@ -7,8 +7,9 @@ The query's route plan (route_effects) multiplies it again where the route has a
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from memsvc.memories import trust
@@ -37,8 +38,17 @@ class RankWeights:
 class Ranked:
     fused: Fused
     score: float
-    # A fact's record with its effective confidence filled (None for other kinds).
-    memory: MemoryRecord | None = None
+    # A fact's confidence decayed to the read's time (None for other kinds).
+    effective_confidence: float | None = None
+
+    @functools.cached_property
+    def memory(self) -> MemoryRecord | None:
+        """The fact's record with its effective confidence filled, built on first use: only
+        the items that make the answer pay for a record, not every candidate."""
+        record = self.fused.hit.memory
+        if record is None or self.effective_confidence is None:
+            return record
+        return replace(record, effective_confidence=self.effective_confidence)
 
 
 def decay(age_days: float, half_life_days: float) -> float:
@@ -74,18 +84,25 @@ def final_order(
         hit = item.hit
         age_days = (now - hit.occurred_at).total_seconds() / SECONDS_PER_DAY
         boost = weights.recency * decay(age_days, weights.half_life_days)
-        record = hit.memory
-        if record is not None and trust_policy is not None:
-            record = trust.decorate(record, trust_now or now, trust_policy)
+        effective: float | None = None
         if hit.kind is ItemKind.FACT and hit.confidence is not None:
             confidence = hit.confidence
-            if record is not None and record.effective_confidence is not None:
-                confidence = record.effective_confidence
+            if trust_policy is not None:
+                confidence = effective = trust.effective_confidence(
+                    hit.confidence,
+                    category=hit.category,
+                    pinned=hit.pinned,
+                    origin=hit.origin,
+                    recorded_at=hit.occurred_at,
+                    last_reinforced_at=hit.last_reinforced_at,
+                    now=trust_now or now,
+                    policy=trust_policy,
+                )
             boost += weights.confidence * confidence
             boost += weights.role * role_bonus(hit.role, role_order)
             boost += weights.pinned * (1.0 if hit.pinned else 0.0)
         else:
             boost += weights.confidence * weights.neutral_confidence
-        ranked.append(Ranked(item, item.fused_score * (1.0 + boost) * plan.factor(hit), record))
+        ranked.append(Ranked(item, item.fused_score * (1.0 + boost) * plan.factor(hit), effective))
     ranked.sort(key=lambda r: (-r.score, -r.fused.fused_score, r.fused.hit.key))
     return ranked

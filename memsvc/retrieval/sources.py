@@ -136,6 +136,9 @@ def to_hit(row: asyncpg.Record, score: float) -> Hit:
         role=row["role"],
         confidence=float(row["confidence"]) if is_fact else None,
         pinned=row["pinned"],
+        category=row["category"] or "",
+        origin=row["origin"] or "",
+        last_reinforced_at=row["last_reinforced_at"],
         # The full MemoryRecord only for the facts that make the answer.
         record_factory=functools.partial(record_from_row, row) if is_fact else None,
     )

@@ -32,9 +32,10 @@ async def mark_referenced(
             " SELECT r.tenant_id, r.user_id, r.memory_id, r.at"
             " FROM unnest($1::text[], $2::text[], $3::uuid[], $4::timestamptz[])"
             "   AS r(tenant_id, user_id, memory_id, at)"
-            # Only memories that still exist (one deleted since it was read is skipped).
-            " JOIN memories m ON m.tenant_id = r.tenant_id AND m.user_id = r.user_id"
-            "   AND m.memory_id = r.memory_id"
+            # Only memories that still exist (one deleted since it was read is skipped). A
+            # LATERAL probe per id: a plain join may be planned as a scan of all memories.
+            " CROSS JOIN LATERAL (SELECT 1 FROM memories m WHERE m.tenant_id = r.tenant_id"
+            "   AND m.user_id = r.user_id AND m.memory_id = r.memory_id LIMIT 1) AS live"
             " ON CONFLICT (tenant_id, user_id, memory_id) DO UPDATE"
             " SET last_referenced_at = EXCLUDED.last_referenced_at"
             " WHERE t.last_referenced_at < EXCLUDED.last_referenced_at",
