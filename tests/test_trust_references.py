@@ -198,3 +198,18 @@ async def test_full_buffer_drops_and_stop_flushes(caller: Caller, pool: asyncpg.
     await recorder.stop()
     seen = await referenced(pool, caller)
     assert seen["Plays the cello"] is not None and seen["Runs marathons"] is None
+
+
+async def test_a_flush_larger_than_a_chunk_writes_every_id(
+    caller: Caller, pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from memsvc.workers import references
+
+    # Ids from Remember (not a read, so nothing else records them).
+    texts = ("Plays chess", "Grows tomatoes", "Speaks Dutch", "Owns a kayak", "Bakes bread")
+    ids = [uuid.UUID((await remember(caller, text)).memory_id) for text in texts]
+    monkeypatch.setattr(references, "FLUSH_CHUNK", 2)
+    recorder = ReferenceRecorder(pool, interval_s=3_600, max_pending=100)
+    recorder.record(caller.tenant_id, "alice", ids)
+    assert await recorder.flush() == 5
+    assert all(at is not None for at in (await referenced(pool, caller)).values())

@@ -413,7 +413,9 @@ class Memory(_message.Message):
 
     @_builtins.property
     def last_referenced_at(self) -> _timestamp_pb2.Timestamp:
-        """When a read last returned it (UTC; updated in batches, so up to a few seconds late)."""
+        """When a read last returned it (UTC; written in batches, so up to
+        MEMSVC_REFERENCES_FLUSH_INTERVAL_MS late: 30 s by default).
+        """
 
     @_builtins.property
     def last_reinforced_at(self) -> _timestamp_pb2.Timestamp:

@@ -3,8 +3,8 @@
 ``record`` is synchronous and O(ids) on the request's path: a dict assignment per memory, no
 I/O, never raises. When the buffer holds ``max_pending`` ids, new ones are dropped and
 counted (memsvc_references_dropped_total{reason="full"}). Every ``interval_s`` the buffer is
-swapped out and written in ONE batched UPDATE (storage.references); a failed flush is logged
-and counted (reason="flush_failed") and its ids are dropped: the field is a hint, and a read
+swapped out and written in upserts of FLUSH_CHUNK ids (storage.references); a failed flush is
+logged and counted (reason="flush_failed") and its ids are dropped: the field is a hint, and a read
 never waits for or fails because of it. ``stop`` flushes what is left.
 """
 
@@ -25,6 +25,8 @@ from memsvc.storage.references import mark_referenced
 log = logging.getLogger(__name__)
 
 _Key = tuple[str, str, uuid.UUID]
+# Ids written per statement (each in its own short transaction).
+FLUSH_CHUNK = 2_000
 
 
 class ReferenceRecorder:
@@ -75,8 +77,12 @@ class ReferenceRecorder:
             batch, self._pending = self._pending, {}
             rows = [(t, u, m, at) for (t, u, m), at in batch.items()]
             try:
+                updated = 0
                 async with self._pool.acquire(timeout=self._timeout_s) as conn:
-                    updated = await mark_referenced(conn, rows, timeout_s=self._timeout_s)
+                    # Short statements: one flush never holds a backend for long.
+                    for start in range(0, len(rows), FLUSH_CHUNK):
+                        chunk = rows[start : start + FLUSH_CHUNK]
+                        updated += await mark_referenced(conn, chunk, timeout_s=self._timeout_s)
             except Exception as exc:
                 log.warning(
                     "could not write last_referenced_at for %d memories: %s",
