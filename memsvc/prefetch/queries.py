@@ -16,7 +16,8 @@ import numpy.typing as npt
 
 from memsvc.memories.model import MemoryRecord, Scope
 from memsvc.prefetch.model import EdgeRow, EpisodeRecord, TopicRow
-from memsvc.storage.memories import COLUMNS, VISIBLE, record_from_row
+from memsvc.storage.memories import HOT_COLUMNS as COLUMNS
+from memsvc.storage.memories import VISIBLE, record_from_row
 
 _EXACT = "tenant_id = $1 AND user_id = $2 AND persona_id = $3 AND agent_id = $4"
 _NOT_EXPIRED = "(expires_at IS NULL OR expires_at > now())"

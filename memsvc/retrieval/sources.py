@@ -21,7 +21,6 @@ from memsvc.memories.model import Scope
 from memsvc.retrieval.query import Hit, ItemKind
 from memsvc.storage.memories import VISIBLE as FACT_VISIBLE
 from memsvc.storage.memories import record_from_row
-from memsvc.storage.references import last_referenced_sql
 
 # asyncpg rejects a zero timeout; the leg runner cancels at the budget anyway.
 _MIN_STATEMENT_TIMEOUT_S = 0.001
@@ -162,7 +161,8 @@ FACTS = Source(
                 not in ("kind", "item_id", "item_text", "occurred_at", "sender_id", _REFERENCED)
             },
             "sender_id": "''",
-            _REFERENCED: last_referenced_sql("memories"),
+            # Left out on the hot path (see storage.memories.HOT_COLUMNS).
+            _REFERENCED: "NULL::timestamptz",
         },
     ),
     scope_sql=FACT_VISIBLE,

@@ -23,14 +23,18 @@ _VISIBLE = """
 # Not expired: an expired row is never returned, even before the expiry task deletes it.
 _NOT_EXPIRED = "(expires_at IS NULL OR expires_at > now())"
 
-_COLUMNS = f"""
+_COLUMNS_WITH = """
     tenant_id, user_id, persona_id, agent_id, shared_all_agents, shared_all_personas,
     memory_id, lineage_id, content, subject, predicate, object, category, role, confidence,
     reinforced_count, pinned, valid_from, invalid_at, recorded_at, supersedes_id,
     superseded_by_id, source_message_ids, session_id, origin, correction_reason, status,
-    last_reinforced_at, {last_referenced_sql("memories")} AS last_referenced_at, demoted_at,
+    last_reinforced_at, {referenced} AS last_referenced_at, demoted_at,
     demoted_role, retention_policy, expires_at
 """
+_COLUMNS = _COLUMNS_WITH.format(referenced=last_referenced_sql("memories"))
+# The hot reads (Recall, Prefetch) leave last_referenced_at out: they are the reads that set
+# it, and probing memory_references while its flush writes cost them tail latency.
+HOT_COLUMNS = _COLUMNS_WITH.format(referenced="NULL::timestamptz")
 
 
 # The same fragments for other read modules (Recall, Prefetch) composing their own SQL.
