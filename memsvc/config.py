@@ -195,7 +195,7 @@ class Settings:
     confidence_half_life_days: tuple[tuple[str, float], ...] = ()
     # Reads record the memories they return; a background task writes last_referenced_at in
     # one batched UPDATE every interval. Beyond max_pending ids a record is dropped (counted).
-    references_flush_interval_ms: int = 30_000
+    references_flush_interval_ms: int = 1_000
     references_max_pending: int = 100_000
     # Core memory (pinned + core-role facts of one scope): at most this many characters of
     # content for the human block (no persona) and a persona block; 0 means no limit. A write

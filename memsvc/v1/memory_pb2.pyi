@@ -414,7 +414,8 @@ class Memory(_message.Message):
     @_builtins.property
     def last_referenced_at(self) -> _timestamp_pb2.Timestamp:
         """When a read last returned it (UTC; written in batches, so up to
-        MEMSVC_REFERENCES_FLUSH_INTERVAL_MS late: 30 s by default).
+        MEMSVC_REFERENCES_FLUSH_INTERVAL_MS late: 1 s by default). Returned by ListMemories,
+        GetMemoryHistory and ExportMemories; Recall and Prefetch leave it unset.
         """
 
     @_builtins.property
