@@ -224,16 +224,8 @@ class MemoryClient:
                     or exc.code() not in self._retry.retryable
                 ):
                     raise error from exc
-                delay_s = (
-                    backoff_ms(
-                        self._retry,
-                        attempt,
-                        self._random.random(),
-                        retry_after_ms(exc.trailing_metadata()),
-                    )
-                    / 1000
-                )
-                if deadline - loop.time() - delay_s < MIN_ATTEMPT_S:
+                delay_s = self._backoff_s(attempt, exc, deadline - loop.time())
+                if delay_s is None:
                     raise error from exc
                 await asyncio.sleep(delay_s)
             finally:
@@ -335,18 +327,26 @@ class MemoryClient:
                 error = from_rpc_error(exc, rpc=rpc, request_id=rid, attempts=attempt)
                 if attempt >= attempts or exc.code() not in self._retry.retryable:
                     raise error from exc
-                delay_s = (
-                    backoff_ms(
-                        self._retry,
-                        attempt,
-                        self._random.random(),
-                        retry_after_ms(exc.trailing_metadata()),
-                    )
-                    / 1000
-                )
-                if deadline - loop.time() - delay_s < MIN_ATTEMPT_S:
+                delay_s = self._backoff_s(attempt, exc, deadline - loop.time())
+                if delay_s is None:
                     raise error from exc
                 await asyncio.sleep(delay_s)
+
+    def _backoff_s(
+        self, attempt: int, exc: grpc.aio.AioRpcError, remaining_s: float
+    ) -> float | None:
+        """The pause before the next attempt (the server's retry hint wins), or None when
+        too little of the deadline would be left for it."""
+        delay_s = (
+            backoff_ms(
+                self._retry,
+                attempt,
+                self._random.random(),
+                retry_after_ms(exc.trailing_metadata()),
+            )
+            / 1000
+        )
+        return None if remaining_s - delay_s < MIN_ATTEMPT_S else delay_s
 
 
 def with_key(request: pb.IngestRequest) -> pb.IngestRequest:
