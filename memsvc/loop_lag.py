@@ -16,7 +16,6 @@ import asyncio
 from collections import deque
 
 from memsvc import metrics
-from memsvc.deadline import Budget
 from memsvc.errors import ResourceExhausted
 
 RETRY_AFTER_S = 0.1
@@ -66,16 +65,3 @@ class LoopLag:
                 f"this server is overloaded (event loop {lag_s * 1000:.0f} ms late); retry shortly",
                 retry_after_s=RETRY_AFTER_S,
             )
-
-    def answer_budget(self, budget: Budget, *, factor: float = 2.0) -> Budget:
-        """The budget a read should finish its work in: ``budget`` less ``factor`` times the
-        current lag. On a late loop the answer itself leaves late (its callbacks queue like
-        every other), so the work stops that much earlier to arrive by the deadline."""
-        return shrink(budget, factor * self.lag_s)
-
-
-def shrink(budget: Budget, by_s: float) -> Budget:
-    """A budget ending ``by_s`` earlier (never below zero); the same one when ``by_s`` <= 0."""
-    if by_s <= 0.0:
-        return budget
-    return Budget(budget.remaining() - by_s)

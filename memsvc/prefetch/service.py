@@ -187,7 +187,6 @@ class PrefetchService:
     async def prefetch(self, query: PrefetchQuery, budget: Budget) -> PrefetchResult:
         if self._loop_lag is not None:
             self._loop_lag.admit_read(self._config.max_loop_lag_s)
-            budget = self._loop_lag.answer_budget(budget)
         started = time.perf_counter()
         timings = PrefetchTimings()
         scope = query.scope

@@ -179,7 +179,6 @@ class RecallService:
     async def recall(self, query: RecallQuery, budget: Budget) -> RecallResult:
         if self._loop_lag is not None:
             self._loop_lag.admit_read(self._config.max_loop_lag_s)
-            budget = self._loop_lag.answer_budget(budget)
         started = time.perf_counter()
         timings = RecallTimings()
         limit = max(self._config.candidates, query.top_k)
