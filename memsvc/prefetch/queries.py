@@ -18,8 +18,9 @@ from memsvc.memories.model import MemoryRecord, Scope
 from memsvc.prefetch.model import EdgeRow, EpisodeRecord, TopicRow
 from memsvc.storage.memories import HOT_COLUMNS as COLUMNS
 from memsvc.storage.memories import VISIBLE, record_from_row
+from memsvc.storage.scope_sql import EXACT_SCOPE
 
-_EXACT = "tenant_id = $1 AND user_id = $2 AND persona_id = $3 AND agent_id = $4"
+_EXACT = EXACT_SCOPE
 _NOT_EXPIRED = "(expires_at IS NULL OR expires_at > now())"
 _CURRENT = f"invalid_at IS NULL AND {_NOT_EXPIRED}"
 _OR_QUERY = "replace(plainto_tsquery('english', $5)::text, ' & ', ' | ')::tsquery"

@@ -21,6 +21,7 @@ from memsvc.memories.model import Scope
 from memsvc.retrieval.query import Hit, ItemKind
 from memsvc.storage.memories import VISIBLE as FACT_VISIBLE
 from memsvc.storage.memories import record_from_row
+from memsvc.storage.scope_sql import EXACT_SCOPE
 
 # asyncpg rejects a zero timeout; the leg runner cancels at the budget anyway.
 _MIN_STATEMENT_TIMEOUT_S = 0.001
@@ -31,7 +32,7 @@ def statement_timeout(budget: Budget) -> float:
     return max(budget.remaining(), _MIN_STATEMENT_TIMEOUT_S)
 
 
-_EXACT_SCOPE = "tenant_id = $1 AND user_id = $2 AND persona_id = $3 AND agent_id = $4"
+_EXACT_SCOPE = EXACT_SCOPE
 _NOT_EXPIRED = "(expires_at IS NULL OR expires_at > now())"
 
 # The shape every kind's branch selects: name and SQL type (for the NULLs of other kinds).
@@ -176,6 +177,16 @@ FACTS = Source(
     tsv_sql="search_tsv",
 )
 
+# Episodes and messages belong to one exact scope: never shared.
+_OWN_SCOPE = {
+    "tenant_id": "tenant_id",
+    "user_id": "user_id",
+    "persona_id": "persona_id",
+    "agent_id": "agent_id",
+    "shared_all_agents": "false",
+    "shared_all_personas": "false",
+}
+
 EPISODES = Source(
     kind=ItemKind.EPISODE,
     table="episodes",
@@ -186,12 +197,7 @@ EPISODES = Source(
             "item_text": "title || ': ' || summary",
             "session_id": "session_id",
             "occurred_at": "ended_at",
-            "tenant_id": "tenant_id",
-            "user_id": "user_id",
-            "persona_id": "persona_id",
-            "agent_id": "agent_id",
-            "shared_all_agents": "false",
-            "shared_all_personas": "false",
+            **_OWN_SCOPE,
             "sender_id": "''",
             "role": "''",
             "pinned": "false",
@@ -216,12 +222,7 @@ MESSAGES = Source(
             "item_text": "text",
             "session_id": "session_id",
             "occurred_at": "sent_at",
-            "tenant_id": "tenant_id",
-            "user_id": "user_id",
-            "persona_id": "persona_id",
-            "agent_id": "agent_id",
-            "shared_all_agents": "false",
-            "shared_all_personas": "false",
+            **_OWN_SCOPE,
             "sender_id": "sender_id",
             "role": "role",
             "pinned": "false",

@@ -9,8 +9,9 @@ import asyncpg
 
 from memsvc.memories.model import MemoryRecord, Scope
 from memsvc.storage.memories import COLUMNS, record_from_row
+from memsvc.storage.scope_sql import EXACT_SCOPE
 
-_EXACT = "tenant_id = $1 AND user_id = $2 AND persona_id = $3 AND agent_id = $4"
+_EXACT = EXACT_SCOPE
 _CURRENT = "invalid_at IS NULL AND (expires_at IS NULL OR expires_at > now())"
 DEMOTED_ROLE = "context"
 

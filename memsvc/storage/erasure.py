@@ -18,6 +18,7 @@ from memsvc.extraction.rules import TOPIC_OF_PREDICATE
 from memsvc.memories.model import Scope
 from memsvc.storage import messages
 from memsvc.storage.extraction import lock_user
+from memsvc.storage.scope_sql import EXACT_SCOPE
 
 # Every table with rows about a user (keyed by tenant_id, user_id). Listing them makes
 # "nothing left anywhere" a property a test can check table by table.
@@ -36,7 +37,7 @@ USER_TABLES = (
 # Tables whose rows belong to one exact scope (tenant, user, persona, agent).
 SCOPED_TABLES = ("memories", "episodes", "topics", "messages", "ingest_outbox", "extraction_runs")
 
-_EXACT = "tenant_id = $1 AND user_id = $2 AND persona_id = $3 AND agent_id = $4"
+_EXACT = EXACT_SCOPE
 
 
 def _count(status: str) -> int:

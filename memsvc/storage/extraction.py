@@ -13,8 +13,9 @@ import orjson
 
 from memsvc.extraction.base import CandidateEpisode, ExistingFact
 from memsvc.memories.model import Scope
+from memsvc.storage.scope_sql import EXACT_SCOPE
 
-_EXACT_SCOPE = "tenant_id = $1 AND user_id = $2 AND persona_id = $3 AND agent_id = $4"
+_EXACT_SCOPE = EXACT_SCOPE
 # Dedup compares against live facts only: an expired one is neither reinforced nor superseded.
 _ACTIVE = "invalid_at IS NULL AND (expires_at IS NULL OR expires_at > now())"
 
