@@ -38,7 +38,15 @@ import numpy as np
 import redis.asyncio as aioredis
 
 from bench import corpus
-from bench.harness import RESULTS_DIR, Summary, Target, free_port, served_stack, summarize
+from bench.harness import (
+    RESULTS_DIR,
+    Summary,
+    Target,
+    free_port,
+    paced,
+    served_stack,
+    summarize,
+)
 from bench.png import latency_cdf_png
 from memsvc.cache.keys import packet_key
 from memsvc.config import Settings
@@ -105,8 +113,7 @@ async def open_loop(name: str, call: Call, *, rate_per_s: float, count: int) -> 
     """Send ``count`` calls at ``rate_per_s``; no call waits for an earlier one."""
     latencies = [0.0] * count
     outcomes = [""] * count
-    interval = 1.0 / rate_per_s
-    start = time.perf_counter()
+    tasks: list[asyncio.Task[None]] = []
 
     async def one(i: int, scheduled: float) -> None:
         try:
@@ -117,13 +124,11 @@ async def open_loop(name: str, call: Call, *, rate_per_s: float, count: int) -> 
             outcomes[i] = type(exc).__name__
         latencies[i] = time.perf_counter() - scheduled
 
-    tasks = []
-    for i in range(count):
-        scheduled = start + i * interval
-        delay = scheduled - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(one(i, scheduled)))
+    start = await paced(
+        lambda i, scheduled: tasks.append(asyncio.create_task(one(i, scheduled))),
+        rate_per_s=rate_per_s,
+        count=count,
+    )
     await asyncio.gather(*tasks)
     return Phase(name, rate_per_s, latencies, outcomes, time.perf_counter() - start, [])
 
@@ -321,11 +326,17 @@ async def floor_phases(
 
     async def prefetch_cached(i: int) -> str:
         s = Scope(corpus.TENANT, warm[i % len(warm)])
-        async with pool.acquire() as conn:
-            version = await versions.current_version(conn, s.tenant_id, s.user_id)
         shape = PrefetchQuery(s, "", "", settings.packet_default_chars).shape()
-        raw = await redis_client.get(packet_key(s.tenant_id, s.user_id, version, shape))
-        return "hit" if raw else "miss"
+
+        async def version() -> int:
+            async with pool.acquire() as conn:
+                return await versions.current_version(conn, s.tenant_id, s.user_id)
+
+        # Both round trips at once, as the service makes them.
+        current, raw = await asyncio.gather(
+            version(), redis_client.get(packet_key(s.tenant_id, s.user_id, shape))
+        )
+        return "hit" if raw and pb.PrefetchResponse.FromString(raw).version == current else "miss"
 
     async def prefetch_built(i: int) -> str:
         s = scope()

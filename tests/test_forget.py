@@ -73,7 +73,7 @@ async def test_erase_user_leaves_no_trace_in_any_table_or_cache(  # type: ignore
     await remember(caller, "agent fact", scope=scope(agent="bot-1"))
     await remember(caller, "bob's fact", scope=scope(user="bob"))
     # A cached packet of alice's, registered the way the packet cache does it.
-    cached = packet_key(caller.tenant_id, "alice", 1, "shape")
+    cached = packet_key(caller.tenant_id, "alice", "shape")
     index = user_index_key(caller.tenant_id, "alice")
     await redis_client.set(cached, b"packet")
     await redis_client.sadd(index, cached)
@@ -89,7 +89,7 @@ async def test_erase_user_leaves_no_trace_in_any_table_or_cache(  # type: ignore
 
 
 async def test_every_write_drops_cached_packets(caller: Caller, redis_client) -> None:  # type: ignore[no-untyped-def]
-    cached = packet_key(caller.tenant_id, "alice", 7, "shape")
+    cached = packet_key(caller.tenant_id, "alice", "shape")
     await redis_client.set(cached, b"stale packet")
     await redis_client.sadd(user_index_key(caller.tenant_id, "alice"), cached)
     await remember(caller, "New fact that makes the packet stale")

@@ -174,8 +174,10 @@ async def test_latency_is_the_handlers_own_time(
 async def test_recall_and_prefetch_record_legs_cache_and_query_embeddings(
     server: MemsvcServer, caller: Caller
 ) -> None:
-    before = await scrape(server)
     scope = pb.Scope(user_id="alice")
+    # A user with something stored: an empty one's packet is never cached.
+    await caller.stub.Remember(pb.RememberRequest(scope=scope, content="Drinks green tea"))
+    before = await scrape(server)
     await caller.stub.Recall(pb.RecallRequest(scope=scope, query=f"tea {uuid.uuid4().hex}"))
     await caller.stub.Prefetch(pb.PrefetchRequest(scope=scope))
     await caller.stub.Prefetch(pb.PrefetchRequest(scope=scope))

@@ -9,8 +9,9 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
-from memsvc.cache.keys import user_index_key
+from memsvc.cache.keys import packet_key, user_index_key
 from memsvc.embedding import Embedder
+from memsvc.prefetch.model import PrefetchQuery
 from memsvc.prefetch.packet import FOOTER, token_upper_bound
 from memsvc.server.app import MemsvcServer
 from memsvc.v1 import memory_pb2 as pb
@@ -205,6 +206,44 @@ async def test_cache_hit_then_every_write_invalidates(
 
     await caller.stub.Forget(pb.ForgetRequest(scope=pscope(), memory_ids=[fixed.memory_id]))
     assert (await prefetch(caller)).text == ""
+
+
+async def test_only_a_packet_built_at_the_current_version_is_served(
+    caller: Caller, redis_client: aioredis.Redis
+) -> None:
+    await remember(caller, "Likes green tea")
+    built = await prefetch(caller)
+    [key] = await redis_client.smembers(user_index_key(caller.tenant_id, "alice"))
+
+    older = pb.PrefetchResponse(text="Likes coffee (an older packet)", version=built.version - 1)
+    await redis_client.set(key, older.SerializeToString())
+    reply = await prefetch(caller)
+    assert reply.cache == MISS and "coffee" not in reply.text and "green tea" in reply.text
+    # The rebuild replaced it; a packet at the current version is what a hit serves.
+    assert (await prefetch(caller)).cache == HIT
+    current = pb.PrefetchResponse(text="stored at the current version", version=built.version)
+    await redis_client.set(key, current.SerializeToString())
+    assert "stored at the current version" in (await prefetch(caller)).text
+
+
+async def test_version_zero_packets_are_neither_stored_nor_served(
+    caller: Caller, redis_client: aioredis.Redis
+) -> None:
+    # Nothing stored for carol (or all of it erased): version 0, which an erased user reads
+    # again, so a packet built then might hold what the erasure removed.
+    first, second = (
+        await prefetch(caller, scope=pscope("carol")),
+        await prefetch(caller, scope=pscope("carol")),
+    )
+    assert (first.cache, second.cache) == (MISS, MISS) and first.text == ""
+    assert await redis_client.scard(user_index_key(caller.tenant_id, "carol")) == 0
+    query = PrefetchQuery(dscope(caller, "carol"), "", "", chars=4000)
+    leftover = pb.PrefetchResponse(text="an erased fact", version=0)
+    await redis_client.set(
+        packet_key(caller.tenant_id, "carol", query.shape()), leftover.SerializeToString()
+    )
+    reply = await prefetch(caller, scope=pscope("carol"))
+    assert reply.cache == MISS and reply.text == ""
 
 
 async def test_request_shape_is_part_of_the_key(caller: Caller) -> None:

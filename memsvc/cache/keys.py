@@ -21,7 +21,12 @@ def user_index_key(tenant_id: str, user_id: str) -> str:
     return f"{PREFIX}:{user_tag(tenant_id, user_id)}:index"
 
 
-def packet_key(tenant_id: str, user_id: str, version: int, shape: str) -> str:
-    """Key of one cached Prefetch packet: user tag, content version, request shape digest."""
+def packet_key(tenant_id: str, user_id: str, shape: str) -> str:
+    """Key of one cached Prefetch packet: user tag and request shape digest.
+
+    The content version is not in the key but in the packet: a reader fetches the packet
+    while it reads the user's current version from PostgreSQL, and serves it only when the
+    two agree (prefetch/service.py). One key per shape, overwritten by each rebuild.
+    """
     shape_digest = hashlib.blake2b(shape.encode(), digest_size=12).hexdigest()
-    return f"{PREFIX}:{user_tag(tenant_id, user_id)}:pkt:{version}:{shape_digest}"
+    return f"{PREFIX}:{user_tag(tenant_id, user_id)}:pkt:{shape_digest}"

@@ -1,14 +1,16 @@
 """Prefetch orchestration: version, cache, single-flight build under the budget, framing.
 
-1. Read the user's content version (PostgreSQL). It is read before any content, so a packet
-   stored under version v holds data at least as new as v.
-2. Look the packet up in Redis under (user, version, request shape). Redis down or slow:
-   build anyway and answer ``cache: BYPASSED``.
-3. Otherwise build once per key (single flight), as two legs on their own connections:
-   "core" (pinned/core and persona facts) and "relevant" (hint embedding, topic ranking,
-   episode walk, relevant facts). A leg not done when the budget runs out is cancelled and
-   the packet is built from the rest, marked degraded and not cached.
-4. Add the header naming the session (not part of the cached body).
+1. Read the user's content version (PostgreSQL) and, at the same time, the cached packet of
+   this (user, request shape) from Redis. The version is read before any content, so a
+   packet built after reading v holds data at least as new as v; the cached one is served
+   only when it was built at the current version. Redis down or slow: build anyway and
+   answer ``cache: BYPASSED``.
+2. Otherwise build once per (key, version) (single flight), as two legs on their own
+   connections: "core" (pinned/core and persona facts) and "relevant" (hint embedding,
+   topic ranking, episode walk, relevant facts). A leg not done when the budget runs out is
+   cancelled and the packet is built from the rest, marked degraded and not cached; nor is
+   a version 0 one (nothing stored, or an erased user).
+3. Add the header naming the session (not part of the cached body).
 """
 
 from __future__ import annotations
@@ -148,10 +150,11 @@ class _RelevantParts:
 
 @dataclass
 class _Build:
-    packet: Packet
+    packet: Packet | None  # None: another build stored it meanwhile, ``cached`` holds it
     stored: bool | None  # None: not attempted (degraded, or cache unavailable)
     embed_ms: float
     cache_ms: float
+    cached: bytes = b""
 
 
 class PrefetchService:
@@ -190,56 +193,48 @@ class PrefetchService:
         started = time.perf_counter()
         timings = PrefetchTimings()
         scope = query.scope
+        key = packet_key(scope.tenant_id, scope.user_id, query.shape())
+        # The cached packet is fetched while the version is read: a hit costs the slower of
+        # the two round trips, not their sum.
+        lookup = asyncio.create_task(self._lookup(key, budget))
         try:
-            async with asyncio.timeout(budget.remaining()), self._connection(budget) as conn:
-                version = await versions.current_version(conn, scope.tenant_id, scope.user_id)
-        except TimeoutError:
-            if not budget.expired:
-                raise ResourceExhausted(
-                    "every database connection is busy; retry shortly"
-                ) from None
+            version = await self._current_version(query, budget)
+        except BaseException:
+            lookup.cancel()
+            await asyncio.gather(lookup, return_exceptions=True)
+            raise
+        if version is None:
             # Out of time before anything could be read: nothing to say, never an error.
+            lookup.cancel()
+            await asyncio.gather(lookup, return_exceptions=True)
             timings.total_ms = (time.perf_counter() - started) * 1000
             nothing = codec.to_proto(_empty(0, degraded=True))
             return PrefetchResult("", nothing, CacheStatus.BYPASSED, timings)
-        key = packet_key(scope.tenant_id, scope.user_id, version, query.shape())
-
-        status = CacheStatus.MISS
-        cache_started = time.perf_counter()
-        try:
-            raw = await self._cache.get(key, budget_s=budget.remaining())
-        except CacheUnavailable:
-            raw, status = None, CacheStatus.BYPASSED
-        timings.cache_ms = (time.perf_counter() - cache_started) * 1000
-        wire: pb.PrefetchResponse | None = None
-        if raw is not None:
-            try:
-                wire = codec.decode(raw)
-                status = CacheStatus.HIT
-            except codec.CodecError as exc:
-                log.warning("ignoring a cached packet: %s", exc)
-            if wire is not None and expiry.holds_expired(wire, datetime.now(UTC)):
-                wire, status = None, CacheStatus.MISS
+        wire, status, timings.cache_ms = await lookup
+        if wire is not None and not _servable(wire, version):
+            wire, status = None, CacheStatus.MISS
 
         if wire is None:
             use_cache = status is not CacheStatus.BYPASSED
             build_started = time.perf_counter()
             try:
                 result, _joined = await self._flights.do(
-                    key,
+                    f"{key}:{version}",
                     lambda: self._build(query, version, key, budget, use_cache=use_cache),
                     join_timeout_s=budget.remaining(),
                 )
-                built = result.packet
                 timings.embed_ms = result.embed_ms
                 timings.cache_ms += result.cache_ms
-                if use_cache and result.stored is False:
-                    status = CacheStatus.BYPASSED
+                if result.packet is None:
+                    wire, status = codec.decode(result.cached), CacheStatus.HIT
+                else:
+                    wire = codec.to_proto(result.packet)
+                    if use_cache and result.stored is False:
+                        status = CacheStatus.BYPASSED
             except TimeoutError:
                 # Joined someone else's build and it outlasted this call's budget.
-                built = _empty(version, degraded=True)
+                wire = codec.to_proto(_empty(version, degraded=True))
             timings.build_ms = (time.perf_counter() - build_started) * 1000
-            wire = codec.to_proto(built)
 
         self._record_references(query, wire)
         text = ""
@@ -248,6 +243,40 @@ class PrefetchService:
         timings.total_ms = (time.perf_counter() - started) * 1000
         _observe(timings, status, degraded=wire.degraded)
         return PrefetchResult(text=text, wire=wire, cache=status, timings=timings)
+
+    async def _current_version(self, query: PrefetchQuery, budget: Budget) -> int | None:
+        """The user's content version; None when the budget ran out first. Every write bumps
+        it in its own transaction, and it is read before any content: a packet built after
+        reading v holds data at least as new as v."""
+        scope = query.scope
+        try:
+            async with asyncio.timeout(budget.remaining()), self._connection(budget) as conn:
+                return await versions.current_version(conn, scope.tenant_id, scope.user_id)
+        except TimeoutError:
+            if not budget.expired:
+                raise ResourceExhausted(
+                    "every database connection is busy; retry shortly"
+                ) from None
+            return None
+
+    async def _lookup(
+        self, key: str, budget: Budget
+    ) -> tuple[pb.PrefetchResponse | None, CacheStatus, float]:
+        """The cached packet under ``key`` (any version), the cache status, milliseconds."""
+        started = time.perf_counter()
+        wire: pb.PrefetchResponse | None = None
+        status = CacheStatus.MISS
+        try:
+            raw = await self._cache.get(key, budget_s=budget.remaining())
+        except CacheUnavailable:
+            raw, status = None, CacheStatus.BYPASSED
+        if raw is not None:
+            try:
+                wire = codec.decode(raw)
+                status = CacheStatus.HIT
+            except codec.CodecError as exc:
+                log.warning("ignoring a cached packet: %s", exc)
+        return wire, status, (time.perf_counter() - started) * 1000
 
     def _record_references(self, query: PrefetchQuery, wire: pb.PrefetchResponse) -> None:
         """The facts this answer shows (built or from the cache) were referenced now."""
@@ -262,6 +291,14 @@ class PrefetchService:
     async def _build(
         self, query: PrefetchQuery, version: int, key: str, budget: Budget, *, use_cache: bool
     ) -> _Build:
+        if use_cache:
+            # This call's lookup may have missed just before a build it could not join (it
+            # had ended) stored the packet: look once more before doing the work again.
+            started = time.perf_counter()
+            again, _status, _ms = await self._lookup(key, budget)
+            if again is not None and _servable(again, version):
+                cache_ms = (time.perf_counter() - started) * 1000
+                return _Build(None, True, 0.0, cache_ms, cached=again.SerializeToString())
         self.builds += 1
         legs: dict[str, Coroutine[Any, Any, Any]] = {
             CORE_LEG: self._core_leg(query, budget),
@@ -283,7 +320,9 @@ class PrefetchService:
 
         stored: bool | None = None
         cache_ms = 0.0
-        if use_cache and not degraded:
+        # Version 0 is "nothing stored", and also what an erased user reads again: a packet
+        # built then could hold what the erasure removed. It is cheap to build; never cache it.
+        if use_cache and not degraded and version > 0:
             cache_started = time.perf_counter()
             try:
                 await self._cache.put(
@@ -515,6 +554,17 @@ class PrefetchService:
             degraded=degraded,
             built_at=datetime.now(UTC),
         )
+
+
+def _servable(wire: pb.PrefetchResponse, version: int) -> bool:
+    """A cached packet may answer a call that read ``version``: it was built at that version
+    (not before the latest change), which is not 0 (never cached: a stored one predates an
+    erasure), and it holds nothing that has expired since."""
+    return (
+        version > 0
+        and wire.version == version
+        and not expiry.holds_expired(wire, datetime.now(UTC))
+    )
 
 
 def _empty(version: int, *, degraded: bool) -> Packet:
