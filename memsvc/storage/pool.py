@@ -13,7 +13,7 @@ from memsvc.deadline import Budget
 from memsvc.errors import ResourceExhausted
 from memsvc.storage.migrate import migrate
 
-# Session defaults sent at connect (they survive the RESET ALL of every pool release).
+# Session defaults sent at connect (every connection keeps them: see _keep_session).
 # pgvector 0.8: when filters drop rows an HNSW scan returned, keep scanning instead of
 # answering short; relaxed order, so callers re-sort by distance (Recall's large-scope path).
 SERVER_SETTINGS = {"hnsw.iterative_scan": "relaxed_order"}
@@ -21,6 +21,15 @@ SERVER_SETTINGS = {"hnsw.iterative_scan": "relaxed_order"}
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
     await register_vector(conn)
+
+
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """Release without asyncpg's reset query (``pg_advisory_unlock_all(); CLOSE ALL;
+    UNLISTEN *; RESET ALL``): one more round trip per release, on the path of every read
+    before it can answer. memsvc changes no session state: settings are ``SET LOCAL``,
+    advisory locks are transaction-scoped, cursors live in transactions and nothing
+    LISTENs. asyncpg still rolls back a transaction left open (a cancelled call) before
+    calling this."""
 
 
 async def connect_and_migrate(settings: Settings) -> asyncpg.Pool:
@@ -37,6 +46,7 @@ async def connect_and_migrate(settings: Settings) -> asyncpg.Pool:
         max_size=settings.pg_pool_max,
         command_timeout=settings.pg_command_timeout_ms / 1000,
         init=_init_connection,
+        reset=_keep_session,
         timeout=10,
         server_settings=SERVER_SETTINGS,
     )
