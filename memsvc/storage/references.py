@@ -17,12 +17,11 @@ async def mark_referenced(
     timeout_s: float | None = None,
 ) -> int:
     """Set last_referenced_at for (tenant, user, memory_id, read at) in one statement; never
-    moves the time back. Returns the rows written."""
+    moves the time back. Returns the rows written. Concurrent writers must pass rows sorted
+    by (tenant, user, memory_id), so they lock rows in one order and never deadlock."""
     if not rows:
         return 0
-    # One order for every writer, so two processes flushing overlapping ids never deadlock.
-    ordered = sorted(rows, key=lambda r: (r[0], r[1], r[2]))
-    tenants, users, ids, times = (list(column) for column in zip(*ordered, strict=True))
+    tenants, users, ids, times = (list(column) for column in zip(*rows, strict=True))
     async with conn.transaction():
         # A hint, not a record: losing the last second of them in a crash is fine, waiting
         # for a WAL flush every second is not.
