@@ -12,7 +12,7 @@ from pathlib import Path
 
 import asyncpg
 
-from memsvc import log_format
+from memsvc import gc_pauses, log_format
 from memsvc.config import ConfigError, Settings
 from memsvc.governance.policy import (
     PII_KINDS,
@@ -166,7 +166,8 @@ async def _run_worker(settings: Settings, once: bool) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         log.info("memsvc worker %s running", runtime.worker.worker_id)
-        await stop.wait()
+        async with gc_pauses.frozen_and_observed():
+            await stop.wait()
         log.info("draining in-flight jobs (grace %.1fs)", settings.shutdown_grace_s)
     finally:
         await endpoint.stop()

@@ -138,3 +138,11 @@ EXPIRED = Counter(
     "Rows deleted because their retention ended (memory, episode, topic, message)",
     ["kind"],
 )
+
+# The process itself: pauses of the cyclic garbage collector (they stop the event loop).
+GC_PAUSE_SECONDS = Histogram(
+    "memsvc_gc_pause_seconds",
+    "Pause of one garbage collection, by generation",
+    ["generation"],
+    buckets=(0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1),
+)

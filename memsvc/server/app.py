@@ -13,6 +13,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer as AsyncHealthServicer
 from grpc_reflection.v1alpha import reflection
 
+from memsvc import gc_pauses
 from memsvc.config import Settings
 from memsvc.embedding import Embedder
 from memsvc.extraction.base import Extractor
@@ -170,7 +171,8 @@ async def serve_until_signalled(server: MemsvcServer) -> None:
         )
         if server.metrics_port:
             log.info("metrics on http://%s:%d/metrics", settings.metrics_host, server.metrics_port)
-        await stop.wait()
+        async with gc_pauses.frozen_and_observed():
+            await stop.wait()
         log.info("shutting down (grace %.1fs)", server.settings.shutdown_grace_s)
     finally:
         await server.stop()
