@@ -224,6 +224,8 @@ async def grpc_phases(
         await run_phase(client, "warm-up", recall_text(1.0), args.rate, 100)
         for user in warm_users:  # fill the cache for the cached-Prefetch phase
             await client.prefetch(pb.PrefetchRequest(scope=pb.Scope(user_id=user)), 2.0)
+        if args.overload_only:
+            return await overload_runs(client, recall_text, args, metrics_port)
         rate, count = args.rate, args.count
         phases.append(await run_phase(client, "Recall text", recall_text(1.0), rate, count))
         phases.append(await run_phase(client, "Recall vector", recall_vector, rate, count))
@@ -268,6 +270,32 @@ async def grpc_phases(
         }
     finally:
         await client.close()
+
+
+async def overload_runs(
+    client: Client,
+    recall_text: Callable[[float], Call],
+    args: argparse.Namespace,
+    metrics_port: int,
+) -> tuple[list[Phase], dict[str, Any]]:
+    """Only the overload phase, ``--overload-runs`` times at ``--overload-only`` calls/s
+    (A/B comparisons of settings need several runs: one varies a lot on a shared box)."""
+    runs: list[dict[str, Any]] = []
+    for n in range(args.overload_runs):
+        await asyncio.sleep(2.0)  # let the previous run's stragglers finish
+        before = server_recall_codes(metrics_port)
+        phase = await run_phase(
+            client,
+            f"overload {args.overload_only:g}/s 200ms #{n + 1}",
+            recall_text(OVERLOAD_DEADLINE_S),
+            args.overload_only,
+            int(args.overload_only * 10),
+        )
+        server_side = server_recall_codes(metrics_port)
+        server_side.subtract(before)
+        print(f"  as the server answered: {dict(+server_side)}")
+        runs.append(phase.as_dict() | {"server_codes": dict(+server_side)})
+    return [], {"overload_runs": runs}
 
 
 async def floor_phases(
@@ -426,6 +454,14 @@ def main() -> None:
         metavar="MEMSVC_X=value",
         help="extra server setting (repeatable), e.g. MEMSVC_READS_MAX_IN_FLIGHT=16",
     )
+    parser.add_argument(
+        "--overload-only",
+        type=float,
+        default=0.0,
+        metavar="RATE",
+        help="run only the overload phase at RATE calls/s (no floor, no plot)",
+    )
+    parser.add_argument("--overload-runs", type=int, default=1, help="with --overload-only")
     args = parser.parse_args()
     metrics_port = free_port()
     server_env = dict(SERVER_ENV) | {"MEMSVC_METRICS_PORT": str(metrics_port)}
@@ -444,6 +480,9 @@ def main() -> None:
         print(f"corpus: {seeded}")
         vectors = asyncio.run(client_vectors(500))
         phases, capacity = asyncio.run(grpc_phases(target, args, vectors, metrics_port))
+        if args.overload_only:
+            write_overload_runs(args, server_env, capacity["overload_runs"])
+            return
         floors = asyncio.run(floor_phases(target, args, vectors))
 
     ratios = {}
@@ -490,6 +529,24 @@ def main() -> None:
     ] + [(p.name, [x * 1000 for x in p.latencies_s]) for p in floors]
     latency_cdf_png(plot, series, title="memsvc read path latency (open loop)")
     print(f"written {out} and {plot}")
+
+
+def write_overload_runs(
+    args: argparse.Namespace, server_env: dict[str, str], runs: list[dict[str, Any]]
+) -> None:
+    totals: Counter[str] = Counter()
+    for run in runs:
+        totals.update(run["outcomes"])
+    print(f"overload outcomes over {len(runs)} runs: {dict(totals)}")
+    RESULTS_DIR.mkdir(exist_ok=True)
+    out = RESULTS_DIR / f"overload-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.write_text(
+        json.dumps(
+            {"args": vars(args), "server_env": server_env, "runs": runs, "totals": totals},
+            indent=2,
+        )
+    )
+    print(f"written {out}")
 
 
 if __name__ == "__main__":

@@ -179,6 +179,9 @@ class Settings:
     # Reads (Recall + Prefetch) running at once; beyond it a read is shed at once
     # with RESOURCE_EXHAUSTED instead of queueing past its deadline.
     reads_max_in_flight: int = 32
+    # ...and a read that would finish (by the measured pace of completions and the reads
+    # ahead of it) after this share of its budget is shed the same way.
+    reads_queue_share: float = 0.4
     # ...and while the event loop runs this late (a saturated CPU) new reads are refused the
     # same way (0: off).
     reads_max_loop_lag_ms: int = 20
@@ -377,6 +380,7 @@ class Settings:
             "TENANT_RATE_PER_S": "tenant_rate_per_s",
             "TENANT_SETTINGS_CACHE_S": "tenant_settings_cache_s",
             "EXPIRY_INTERVAL_S": "expiry_interval_s",
+            "READS_QUEUE_SHARE": "reads_queue_share",
         }
         for env_name, attr in float_fields.items():
             raw = get(env_name)
@@ -456,6 +460,10 @@ class Settings:
                     f"MEMSVC_CONFIDENCE_HALF_LIFE_DAYS: {category} must be a positive number "
                     "of days"
                 )
+        if not 0 < self.reads_queue_share <= 1:
+            raise ConfigError(
+                f"MEMSVC_READS_QUEUE_SHARE must be in (0, 1], got {self.reads_queue_share}"
+            )
         if self.references_flush_interval_ms < 10 or self.references_max_pending < 1:
             raise ConfigError(
                 "MEMSVC_REFERENCES_FLUSH_INTERVAL_MS must be at least 10 and "

@@ -5,6 +5,7 @@ runner and the in-flight limit."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -497,6 +498,51 @@ def test_in_flight_limit_sheds_at_once() -> None:
     with limit.slot():
         assert limit.in_flight == 1
     assert limit.in_flight == 0
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_read_that_would_wait_past_its_share_of_the_budget_is_shed() -> None:
+    clock = _Clock()
+    limit = InFlightLimit(10, queue_share=0.5, clock=clock)
+    with limit.slot(0.2):  # alone: never refused by the queue gate
+        clock.now += 0.1
+    assert limit.pace_s == pytest.approx(0.1)
+    with limit.slot(1.0):
+        # One read ahead: a new one would finish in about 2 x 100 ms.
+        assert limit.expected_wait_s() == pytest.approx(0.2)
+        with pytest.raises(ResourceExhausted, match="1 ahead of it"), limit.slot(0.3):
+            pass
+        with limit.slot(0.5):  # 200 ms fits in half of 500 ms
+            assert limit.in_flight == 2
+        with limit.slot(None):  # no budget given: only the fixed cap applies
+            pass
+
+
+def test_the_pace_counts_busy_time_only() -> None:
+    clock = _Clock()
+    limit = InFlightLimit(10, clock=clock)
+    with limit.slot(1.0):
+        clock.now += 0.01
+    clock.now += 5.0  # idle: no read was running, so this is nobody's service time
+    with limit.slot(1.0):
+        clock.now += 0.01
+    assert limit.pace_s == pytest.approx(0.01)
+    # Saturated: four reads overlap, each running 20 ms or more, and complete 5 ms apart:
+    # the pace follows the interval between completions, not each read's own time.
+    with contextlib.ExitStack() as stack:
+        for _ in range(4):
+            stack.callback(lambda: setattr(clock, "now", clock.now + 0.005))
+            stack.enter_context(limit.slot(1.0))
+        clock.now += 0.02
+    assert limit.in_flight == 0
+    assert limit.pace_s < 0.012
 
 
 def test_read_settings_from_env_and_validation() -> None:

@@ -82,7 +82,9 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         # as a background task (referenced until done); either way the read never waits.
         self._on_read = on_read
         self._on_read_tasks: set[asyncio.Future[object]] = set()
-        self._reads = InFlightLimit(settings.reads_max_in_flight)
+        self._reads = InFlightLimit(
+            settings.reads_max_in_flight, queue_share=settings.reads_queue_share
+        )
         self._tenants = TenantLimits(
             rate_per_s=settings.tenant_rate_per_s,
             burst=settings.tenant_burst,
@@ -274,7 +276,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             )
             query = validate_read.prefetch(request, scope, self._settings)
             self._notify_read(scope)
-            with self._reads.slot():
+            with self._reads.slot(budget.remaining()):
                 result = await service.prefetch(query, budget)
             return convert_read.prefetch_response(result)
 
@@ -298,7 +300,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             )
             query = validate_read.recall(request, scope, self._settings)
             self._notify_read(scope)
-            with self._reads.slot():
+            with self._reads.slot(budget.remaining()):
                 result = await service.recall(query, budget)
             return convert_read.recall_response(result)
 
