@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 import socket
 import threading
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -63,7 +65,7 @@ async def test_onnx_batch_equals_single(onnx: OnnxMiniLMEmbedder) -> None:
 
 
 async def test_onnx_identity_and_protocol(onnx: OnnxMiniLMEmbedder) -> None:
-    assert onnx.model_id == "all-MiniLM-L6-v2-onnx-int8"
+    assert onnx.model_id == "all-MiniLM-L6-v2-onnx-qint8"
     assert onnx.dimension == 384
     assert isinstance(onnx, Embedder)
 
@@ -118,6 +120,58 @@ def test_missing_tokenizer_is_a_clear_error(
 
 def test_installed_tokenizer_matches_pin() -> None:
     assert assets_module.tokenizer_is_installed()
+
+
+def test_installed_model_computes_in_int8() -> None:
+    import onnx as onnx_format
+
+    model = onnx_format.load(str(assets_module.default_quantized_model_path()))
+    ops = Counter(node.op_type for node in model.graph.node)
+    # Every weight product (six layers: Q, K, V, output, two feed-forward) runs in int8.
+    assert ops["MatMulInteger"] >= 36 and ops["DynamicQuantizeLinear"] > 0
+
+
+async def test_int8_vectors_stay_close_to_the_source_models(onnx: OnnxMiniLMEmbedder) -> None:
+    source = OnnxMiniLMEmbedder(model_path=assets_module.default_model_path())
+    try:
+        texts = [
+            "My daughter's name is Alice.",
+            "What did Caroline say about the adoption agency?",
+            "we went hiking near the lake last weekend and it rained",
+            "hi",
+        ]
+        ours, theirs = await onnx.embed(texts), await source.embed(texts)
+    finally:
+        await source.aclose()
+    assert float(np.min(np.sum(ours * theirs, axis=1))) > 0.97
+
+
+def test_a_derived_model_that_changed_is_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    installed = assets_module.default_quantized_model_path()
+    copy = tmp_path / installed.name
+    shutil.copy(installed, copy)
+    shutil.copy(installed.with_suffix(".json"), copy.with_suffix(".json"))
+    monkeypatch.setattr(assets_module, "quantized_model_path", lambda: copy)
+    assert assets_module.quantized_model_problem() is None
+
+    record = orjson.loads(copy.with_suffix(".json").read_bytes())
+    copy.with_suffix(".json").write_bytes(orjson.dumps(record | {"source_sha256": "0" * 64}))
+    with pytest.raises(AssetError, match=r"another source model.*make install"):
+        assets_module.default_quantized_model_path()
+
+    copy.with_suffix(".json").write_bytes(orjson.dumps(record))
+    with copy.open("r+b") as handle:
+        handle.seek(1000)
+        byte = handle.read(1)
+        handle.seek(1000)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(AssetError, match="does not match the sha256"):
+        assets_module.default_quantized_model_path()
+    copy.unlink()
+    with pytest.raises(AssetError, match="not found"):
+        OnnxMiniLMEmbedder()
 
 
 # --- the OpenAI-compatible HTTP embedder, against a local server ----------------------

@@ -97,7 +97,7 @@ async def test_remember_is_embedded(caller: Caller, pool) -> None:  # type: igno
             m.memory_id,
         )
     assert row["embedding_state"] == "ok"
-    assert row["embedding_model"] == "all-MiniLM-L6-v2-onnx-int8"
+    assert row["embedding_model"] == "all-MiniLM-L6-v2-onnx-qint8"
     assert row["dims"] == 384
 
 

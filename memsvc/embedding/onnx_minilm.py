@@ -21,10 +21,14 @@ from onnxruntime.capi.onnxruntime_pybind11_state import (
 )
 from tokenizers import Tokenizer
 
-from memsvc.embedding.assets import AssetError, default_model_path, default_tokenizer_path
+from memsvc.embedding.assets import (
+    AssetError,
+    default_quantized_model_path,
+    default_tokenizer_path,
+)
 from memsvc.embedding.base import EmbeddingError, EmbeddingTimeout, as_text_list, l2_normalise
 
-MODEL_ID = "all-MiniLM-L6-v2-onnx-int8"
+MODEL_ID = "all-MiniLM-L6-v2-onnx-qint8"
 DIMENSION = 384
 #: sentence-transformers' max_seq_length for this model. tokenizer.json itself
 #: says 128 (and fixed-length padding), so both are overridden on load.
@@ -48,10 +52,16 @@ def _lower_thread_priority() -> None:
 class OnnxMiniLMEmbedder:
     """Local all-MiniLM-L6-v2 embeddings, computed exactly as sentence-transformers does.
 
-    WordPiece tokens (truncated to 256, padded to the longest text of each
-    sub-batch), mean pooling over the attention mask, L2 normalisation; the
-    weights are int8, so vectors are close to but not identical with the fp32
-    model's and carry their own ``model_id``.
+    WordPiece tokens (truncated to 256), mean pooling, L2 normalisation. The
+    matrix products run in int8 (``model-qint8.onnx``, see embedding/assets.py),
+    so vectors are close to but not identical with the fp32 model's and carry
+    their own ``model_id``.
+
+    One text per run, never a padded batch: dynamic quantization scales each
+    activation tensor by its own range, so in a batch a text's vector would
+    depend on the texts beside it (and on their padding). One text at a time,
+    the same text always gets the same vector, whichever call embeds it, and
+    an int8 run of one text still costs less than its share of an fp32 batch.
 
     The constructor loads the model and tokenizer eagerly and blocks (about a
     third of a second, including the checksum of the model file): build it at
@@ -65,7 +75,6 @@ class OnnxMiniLMEmbedder:
         *,
         intra_op_threads: int = 1,
         max_workers: int = 1,
-        max_batch_size: int = 32,
         model_path: str | Path | None = None,
         tokenizer_path: str | Path | None = None,
         warmup: bool = True,
@@ -76,14 +85,11 @@ class OnnxMiniLMEmbedder:
         if max_workers not in (1, 2):
             # More workers than cores only queue inside onnxruntime instead of here.
             raise ValueError(f"max_workers must be 1 or 2, got {max_workers}")
-        if max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
-        self._max_batch_size = max_batch_size
         self._tokenizer = _load_tokenizer(
             Path(tokenizer_path) if tokenizer_path is not None else default_tokenizer_path()
         )
         self._session = _load_session(
-            Path(model_path) if model_path is not None else default_model_path(),
+            Path(model_path) if model_path is not None else default_quantized_model_path(),
             intra_op_threads,
         )
         self._executor = ThreadPoolExecutor(
@@ -104,7 +110,6 @@ class OnnxMiniLMEmbedder:
         *,
         intra_op_threads: int = 1,
         max_workers: int = 1,
-        max_batch_size: int = 32,
         model_path: str | Path | None = None,
         tokenizer_path: str | Path | None = None,
         warmup: bool = True,
@@ -114,7 +119,6 @@ class OnnxMiniLMEmbedder:
             lambda: cls(
                 intra_op_threads=intra_op_threads,
                 max_workers=max_workers,
-                max_batch_size=max_batch_size,
                 model_path=model_path,
                 tokenizer_path=tokenizer_path,
                 warmup=warmup,
@@ -173,37 +177,31 @@ class OnnxMiniLMEmbedder:
     def _embed_blocking(
         self, texts: list[str], run_options: ort.RunOptions
     ) -> npt.NDArray[np.float32]:
-        """Worker-thread body: embed in length-sorted sub-batches, in input order."""
+        """Worker-thread body: one run per text (see the class docstring), in input order."""
         out = np.empty((len(texts), DIMENSION), dtype=np.float32)
-        # Like sentence-transformers: sort by length so each sub-batch pads little.
-        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
-        for start in range(0, len(order), self._max_batch_size):
+        for i, encoding in enumerate(self._tokenizer.encode_batch(texts)):
             if run_options.terminate:
                 raise EmbeddingTimeout("embedding abandoned by its caller")
-            chunk = order[start : start + self._max_batch_size]
-            out[chunk] = self._embed_batch([texts[i] for i in chunk], run_options)
+            out[i] = self._embed_one(encoding.ids, encoding.type_ids, run_options)
         return out
 
-    def _embed_batch(
-        self, texts: list[str], run_options: ort.RunOptions
+    def _embed_one(
+        self, ids: list[int], type_ids: list[int], run_options: ort.RunOptions
     ) -> npt.NDArray[np.float32]:
-        encodings = self._tokenizer.encode_batch(texts)
-        input_ids = np.array([e.ids for e in encodings], dtype=np.int64)
-        attention_mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
-        token_type_ids = np.array([e.type_ids for e in encodings], dtype=np.int64)
+        input_ids = np.array([ids], dtype=np.int64)
         feeds = {
             "input_ids": input_ids,
-            "attention_mask": attention_mask,
-            "token_type_ids": token_type_ids,
+            "attention_mask": np.ones_like(input_ids),
+            "token_type_ids": np.array([type_ids], dtype=np.int64),
         }
         try:
             (hidden,) = self._session.run(["last_hidden_state"], feeds, run_options)
         except _ORT_ERRORS as exc:
             raise EmbeddingError(f"onnxruntime failed: {type(exc).__name__}: {exc}") from exc
-        mask = attention_mask.astype(np.float32)
-        summed = np.einsum("bsd,bs->bd", np.asarray(hidden, dtype=np.float32), mask)
-        counts = np.maximum(mask.sum(axis=1, keepdims=True), np.float32(1e-9))
-        return l2_normalise(summed / counts)
+        # No padding: the mean over the tokens is the masked mean.
+        pooled = np.asarray(hidden, dtype=np.float32)[0].mean(axis=0, keepdims=True)
+        vector: npt.NDArray[np.float32] = l2_normalise(pooled)[0]
+        return vector
 
 
 def _load_tokenizer(path: Path) -> Tokenizer:
@@ -211,8 +209,8 @@ def _load_tokenizer(path: Path) -> Tokenizer:
         raise AssetError(f"tokenizer file not found: {path}")
     tokenizer = Tokenizer.from_file(str(path))
     tokenizer.enable_truncation(max_length=MAX_TOKENS)
-    # No length: pad to the longest text in the batch (tokenizer.json says fixed 128).
-    tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
+    # One text per run: no padding at all (tokenizer.json says fixed 128).
+    tokenizer.no_padding()
     return tokenizer
 
 
