@@ -32,16 +32,18 @@ class InFlightLimit:
     late; refusing immediately (RESOURCE_EXHAUSTED, retryable) keeps every admitted call
     inside its deadline when the offered load exceeds what two cores can serve.
 
-    Two gates. A fixed cap (``limit``). And a queue gate: ``pace_s`` is a moving average of
-    the time between read completions while reads were running all along (the service time
-    of a lone read at light load, one over the throughput when saturated). A read that joins
-    ``n`` others finishes after about ``(n + 1) * pace_s``; when that exceeds ``queue_share``
-    of its budget it is refused at once. A voice call's 200 ms then joins a short queue and
-    gets full results, instead of joining a long one and answering degraded, or late; a
+    Two gates. A fixed cap (``limit``). And a queue gate, from two moving averages over the
+    reads that completed lately: how long they took (``latency_s``) and how many reads were
+    already running when each was admitted (``ahead``). A read admitted behind ``n`` others
+    is expected to take ``latency_s * (n + 1) / (ahead + 1)``: when reads share the CPU
+    their time grows with the reads beside them, and when they overlap (waiting on a disk or
+    a remote database) the ratio stays near one. When that exceeds ``queue_share`` of the
+    read's budget it is refused at once. A voice call's 200 ms then joins a short queue and
+    gets full results, instead of a long one where it would answer degraded, or late; a
     chat call's 800 ms may join a queue four times deeper.
     """
 
-    # Weight of the newest completion interval in the moving average.
+    # Weight of the newest read in the moving averages.
     ALPHA = 0.1
 
     def __init__(
@@ -59,60 +61,64 @@ class InFlightLimit:
         self._queue_share = queue_share
         self._clock = clock
         self._in_flight = 0
-        self._pace_s = 0.0
-        # Start of the current busy interval: the last completion, or the admission that
-        # ended an idle spell; None while idle.
-        self._busy_since: float | None = None
+        self._latency_s = 0.0
+        self._ahead = 0.0
+        self._seen = False
 
     @property
     def in_flight(self) -> int:
         return self._in_flight
 
     @property
-    def pace_s(self) -> float:
-        """Average time between read completions while busy (0 until one completed)."""
-        return self._pace_s
+    def latency_s(self) -> float:
+        """Average duration of the last reads (0 until one completed)."""
+        return self._latency_s
 
-    def expected_wait_s(self) -> float:
-        """When a read admitted now would finish, about."""
-        return (self._in_flight + 1) * self._pace_s
+    @property
+    def ahead(self) -> float:
+        """Average number of reads already running when the last reads were admitted."""
+        return self._ahead
+
+    def expected_s(self, ahead: int | None = None) -> float:
+        """How long a read admitted now (behind ``ahead`` others, by default the reads in
+        flight) would take, about; 0 before any read completed."""
+        n = self._in_flight if ahead is None else ahead
+        return self._latency_s * (n + 1) / (self._ahead + 1)
 
     @contextmanager
     def slot(self, budget_s: float | None = None) -> Iterator[None]:
         """Hold a slot for the block; ResourceExhausted at once when the cap is reached, or
         when a read admitted now would not finish within ``queue_share`` of ``budget_s``."""
-        if self._in_flight >= self._limit:
+        ahead = self._in_flight
+        if ahead >= self._limit:
             metrics.READS_SHED.inc()
             raise ResourceExhausted(
                 f"more than {self._limit} reads in flight on this server; retry shortly",
                 retry_after_s=IN_FLIGHT_RETRY_AFTER_S,
             )
-        if budget_s is not None and self._in_flight:
-            wait_s = self.expected_wait_s()
-            if wait_s > self._queue_share * budget_s:
+        if budget_s is not None and ahead:
+            expected_s = self.expected_s(ahead)
+            if expected_s > self._queue_share * budget_s:
                 metrics.READS_SHED.inc()
                 raise ResourceExhausted(
-                    f"this server is busy: a read admitted now would finish in about "
-                    f"{wait_s * 1000:.0f} ms ({self._in_flight} ahead of it), too close to "
-                    f"its deadline ({budget_s * 1000:.0f} ms left); retry shortly",
+                    f"this server is busy: a read admitted now would take about "
+                    f"{expected_s * 1000:.0f} ms ({ahead} ahead of it), too close to its "
+                    f"deadline ({budget_s * 1000:.0f} ms left); retry shortly",
                     retry_after_s=IN_FLIGHT_RETRY_AFTER_S,
                 )
-        if self._in_flight == 0:
-            self._busy_since = self._clock()
+        started = self._clock()
         self._in_flight += 1
         try:
             yield
         finally:
             self._in_flight -= 1
-            self._completed()
+            self._completed(ahead, self._clock() - started)
 
-    def _completed(self) -> None:
-        now = self._clock()
-        if self._busy_since is not None:
-            sample = now - self._busy_since
-            alpha = self.ALPHA if self._pace_s else 1.0
-            self._pace_s += alpha * (sample - self._pace_s)
-        self._busy_since = now if self._in_flight else None
+    def _completed(self, ahead: int, took_s: float) -> None:
+        alpha = self.ALPHA if self._seen else 1.0
+        self._seen = True
+        self._latency_s += alpha * (took_s - self._latency_s)
+        self._ahead += alpha * (ahead - self._ahead)
 
 
 @dataclass(frozen=True)

@@ -330,7 +330,10 @@ async def test_postgres_restarted_mid_load(own_stack: EmbeddedStack, start_own: 
         await asyncio.gather(*loops)
 
     seen = outcomes(calls)
-    assert {code for _rpc, code in seen} <= {"OK", "UNAVAILABLE"}, seen
+    # Reads may also be shed at once while the outage slows the reads ahead of them
+    # (admission.InFlightLimit); writes never are.
+    assert {code for rpc, code in seen if rpc in ("Ingest", "Remember")} <= {"OK", "UNAVAILABLE"}
+    assert {code for _rpc, code in seen} <= {"OK", "UNAVAILABLE", "RESOURCE_EXHAUSTED"}, seen
     assert_within_deadlines(calls)
     in_flight = [c for c in calls if c.started < down < c.ended]
     assert in_flight, "no call was in flight when PostgreSQL went down"

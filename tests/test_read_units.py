@@ -512,37 +512,56 @@ def test_a_read_that_would_wait_past_its_share_of_the_budget_is_shed() -> None:
     clock = _Clock()
     limit = InFlightLimit(10, queue_share=0.5, clock=clock)
     with limit.slot(0.2):  # alone: never refused by the queue gate
-        clock.now += 0.1
-    assert limit.pace_s == pytest.approx(0.1)
+        clock.now += 0.2
+    assert limit.latency_s == pytest.approx(0.2) and limit.ahead == 0
     with limit.slot(1.0):
-        # One read ahead: a new one would finish in about 2 x 100 ms.
-        assert limit.expected_wait_s() == pytest.approx(0.2)
+        # Reads ran alone and took 200 ms: behind one, on a shared CPU, about twice that.
+        assert limit.expected_s() == pytest.approx(0.4)
         with pytest.raises(ResourceExhausted, match="1 ahead of it"), limit.slot(0.3):
             pass
-        with limit.slot(0.5):  # 200 ms fits in half of 500 ms
+        with limit.slot(1.0):  # 400 ms fits in half of 1 s
             assert limit.in_flight == 2
         with limit.slot(None):  # no budget given: only the fixed cap applies
             pass
 
 
-def test_the_pace_counts_busy_time_only() -> None:
+def test_a_burst_after_a_calm_spell_is_shed_at_once() -> None:
     clock = _Clock()
-    limit = InFlightLimit(10, clock=clock)
-    with limit.slot(1.0):
-        clock.now += 0.01
-    clock.now += 5.0  # idle: no read was running, so this is nobody's service time
-    with limit.slot(1.0):
-        clock.now += 0.01
-    assert limit.pace_s == pytest.approx(0.01)
-    # Saturated: four reads overlap, each running 20 ms or more, and complete 5 ms apart:
-    # the pace follows the interval between completions, not each read's own time.
-    with contextlib.ExitStack() as stack:
+    limit = InFlightLimit(32, queue_share=0.4, clock=clock)
+    for _ in range(20):  # calm: one 15 ms read at a time
+        with limit.slot(0.19):
+            clock.now += 0.015
+        clock.now += 1.0  # idle time is nobody's latency
+    assert limit.latency_s == pytest.approx(0.015)
+    with contextlib.ExitStack() as burst:
+        for _ in range(5):  # behind four: 5 x 15 ms = 75 ms fits in 40 % of 190 ms
+            burst.enter_context(limit.slot(0.19))
+        with pytest.raises(ResourceExhausted, match="5 ahead of it"), limit.slot(0.19):
+            pass  # 6 x 15 ms does not
+        for _ in range(5):  # chat calls have room for more
+            burst.enter_context(limit.slot(0.79))
+        # Behind ten: 165 ms, too much for a voice call, fine for a chat call.
+        with pytest.raises(ResourceExhausted, match="10 ahead of it"), limit.slot(0.19):
+            pass
+        with limit.slot(0.79):
+            assert limit.in_flight == 11
+
+
+def test_reads_that_overlap_instead_of_queueing_are_not_shed() -> None:
+    # Reads waiting on something else (a slow database: 400 ms each) overlap: four ran at
+    # once and each still took 400 ms, so a fifth behind three is expected to take about
+    # that too, not 4 x 400 ms.
+    clock = _Clock()
+    limit = InFlightLimit(10, queue_share=0.4, clock=clock)
+    with contextlib.ExitStack() as running:
         for _ in range(4):
-            stack.callback(lambda: setattr(clock, "now", clock.now + 0.005))
-            stack.enter_context(limit.slot(1.0))
-        clock.now += 0.02
-    assert limit.in_flight == 0
-    assert limit.pace_s < 0.012
+            running.enter_context(limit.slot(3.0))
+        clock.now += 0.4
+    assert limit.latency_s == pytest.approx(0.4) and limit.ahead > 2
+    with limit.slot(3.0), limit.slot(3.0), limit.slot(3.0):
+        assert limit.expected_s() < 0.6
+        with limit.slot(3.0):
+            assert limit.in_flight == 4
 
 
 def test_read_settings_from_env_and_validation() -> None:
