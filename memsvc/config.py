@@ -179,8 +179,8 @@ class Settings:
     # Reads (Recall + Prefetch) running at once; beyond it a read is shed at once
     # with RESOURCE_EXHAUSTED instead of queueing past its deadline.
     reads_max_in_flight: int = 32
-    # ...and a read that would finish (by the measured pace of completions and the reads
-    # ahead of it) after this share of its budget is shed the same way.
+    # ...and a read expected (from recent reads' latency and the reads ahead of it) to take
+    # more than this share of its budget is shed the same way.
     reads_queue_share: float = 0.4
     # ...and while the event loop runs this late (a saturated CPU) new reads are refused the
     # same way (0: off).
