@@ -103,6 +103,8 @@ class Phase:
             "server_total_ms_p50": float(np.median(self.server_total_ms))
             if self.server_total_ms
             else None,
+            # In call order (= scheduled time): stalls show up as runs of slow calls.
+            "latencies_ms": [round(float(x), 1) for x in ms],
         }
 
 
