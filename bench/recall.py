@@ -148,6 +148,26 @@ def server_recall_codes(metrics_port: int) -> Counter[str]:
     return codes
 
 
+GC_PAUSE = re.compile(
+    r'^memsvc_gc_pause_seconds_(?P<kind>count|sum)\{generation="(?P<gen>\d)"\}\s+(?P<value>\S+)$',
+    re.MULTILINE,
+)
+
+
+def server_gc_pauses(metrics_port: int) -> dict[str, dict[str, float]]:
+    """The server's garbage-collection pauses so far, per generation: count and total ms."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    pauses: dict[str, dict[str, float]] = {}
+    for match in GC_PAUSE.finditer(text):
+        entry = pauses.setdefault(match["gen"], {"count": 0.0, "total_ms": 0.0})
+        if match["kind"] == "count":
+            entry["count"] = float(match["value"])
+        else:
+            entry["total_ms"] = round(float(match["value"]) * 1000, 2)
+    return pauses
+
+
 class Client:
     """Calls against the served memsvc, each returning its outcome."""
 
@@ -264,11 +284,14 @@ async def grpc_phases(
         server_side = server_recall_codes(metrics_port)
         server_side.subtract(before)
         print(f"overload, as the server answered: {dict(+server_side)}")
+        gc_pauses = server_gc_pauses(metrics_port)
+        print(f"server garbage collections (count, total ms) by generation: {gc_pauses}")
         return phases, {
             "capacity_per_s": capacity,
             "steps": steps,
             "overload": overload,
             "overload_server_codes": dict(+server_side),
+            "gc_pauses": gc_pauses,
         }
     finally:
         await client.close()
@@ -515,6 +538,7 @@ def main() -> None:
                 "floor": {p.name: p.as_dict() for p in floors},
                 "service_over_floor": ratios,
                 "capacity_per_s": capacity["capacity_per_s"],
+                "server_gc_pauses": capacity["gc_pauses"],
                 "capacity_steps": capacity["steps"],
                 "overload": overload.as_dict()
                 | {
