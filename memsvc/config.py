@@ -200,6 +200,8 @@ class Settings:
     # one batched UPDATE every interval. Beyond max_pending ids a record is dropped (counted).
     references_flush_interval_ms: int = 1_000
     references_max_pending: int = 100_000
+    # An id referenced again within this many seconds is not written again.
+    references_min_interval_s: float = 60.0
     # Core memory (pinned + core-role facts of one scope): at most this many characters of
     # content for the human block (no persona) and a persona block; 0 means no limit. A write
     # that overflows compacts the block (memsvc.memories.compaction).
@@ -381,6 +383,7 @@ class Settings:
             "TENANT_SETTINGS_CACHE_S": "tenant_settings_cache_s",
             "EXPIRY_INTERVAL_S": "expiry_interval_s",
             "READS_QUEUE_SHARE": "reads_queue_share",
+            "REFERENCES_MIN_INTERVAL_S": "references_min_interval_s",
         }
         for env_name, attr in float_fields.items():
             raw = get(env_name)

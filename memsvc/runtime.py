@@ -236,6 +236,7 @@ class Runtime:
             interval_s=settings.references_flush_interval_ms / 1000,
             max_pending=settings.references_max_pending,
             statement_timeout_s=settings.pg_command_timeout_ms / 1000,
+            min_interval_s=settings.references_min_interval_s,
         )
         self.references.start()
         self._stack.push_async_callback(self.references.stop)

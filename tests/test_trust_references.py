@@ -141,8 +141,10 @@ async def test_recall_then_flush_marks_exactly_the_returned_ids(
 
 
 async def test_prefetch_cache_hits_are_references_too(
-    caller: Caller, pool: asyncpg.Pool, server: MemsvcServer
+    caller: Caller, pool: asyncpg.Pool, server: MemsvcServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Every reference written, however recent the last one (see the next test).
+    monkeypatch.setattr(server.runtime.references, "_min_interval_s", 0.0)
     await remember(caller, "Prefers to be called Sam", pinned=True)
     first = await caller.stub.Prefetch(pb.PrefetchRequest(scope=SCOPE, session_id="s1"))
     assert [f.content for f in first.facts] == ["Prefers to be called Sam"]
@@ -153,6 +155,28 @@ async def test_prefetch_cache_hits_are_references_too(
     assert second.cache == pb.CACHE_STATUS_HIT
     await server.runtime.references.flush()
     assert (await referenced(pool, caller))["Prefers to be called Sam"] is not None
+
+
+async def test_an_id_referenced_again_within_the_interval_is_not_rewritten(
+    caller: Caller, pool: asyncpg.Pool
+) -> None:
+    memory_id = uuid.UUID((await remember(caller, "Collects stamps")).memory_id)
+    now = [1_000.0]
+    recorder = ReferenceRecorder(
+        pool, interval_s=3_600, max_pending=100, min_interval_s=60.0, clock=lambda: now[0]
+    )
+    recorder.record(caller.tenant_id, "alice", [memory_id])
+    assert await recorder.flush() == 1
+    first = (await referenced(pool, caller))["Collects stamps"]
+    now[0] += 59.0
+    recorder.record(caller.tenant_id, "alice", [memory_id])
+    assert recorder.pending == 0
+    now[0] += 2.0
+    recorder.record(caller.tenant_id, "alice", [memory_id])
+    assert recorder.pending == 1
+    assert await recorder.flush() == 1
+    second = (await referenced(pool, caller))["Collects stamps"]
+    assert first is not None and second is not None and second > first
 
 
 async def test_a_failing_flush_never_fails_a_read(

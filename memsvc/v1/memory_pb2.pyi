@@ -413,8 +413,8 @@ class Memory(_message.Message):
 
     @_builtins.property
     def last_referenced_at(self) -> _timestamp_pb2.Timestamp:
-        """When a read last returned it (UTC; written in batches, so up to
-        MEMSVC_REFERENCES_FLUSH_INTERVAL_MS late: 1 s by default). Returned by ListMemories,
+        """When a read last returned it (UTC; written in batches, and not rewritten within
+        MEMSVC_REFERENCES_MIN_INTERVAL_S, so up to a minute behind by default). Returned by ListMemories,
         GetMemoryHistory and ExportMemories; Recall and Prefetch leave it unset.
         """
 
