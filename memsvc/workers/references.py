@@ -53,8 +53,11 @@ class ReferenceRecorder:
         self._min_interval_s = min_interval_s
         self._clock = clock
         # When each id was last queued (clock time); cleared when it outgrows the buffer
-        # (an id is then simply written again).
-        self._queued_at: dict[_Key, float] = {}
+        # (an id is then simply written again). Keyed by the id's integer (ids are unique
+        # across tenants): a dict of ints and floats holds no object the garbage collector
+        # tracks, so tens of thousands of entries add nothing to a full collection, where
+        # (tenant, user, UUID) keys would add two tracked objects each.
+        self._queued_at: dict[int, float] = {}
         self._interval_s = interval_s
         self._max_pending = max_pending
         self._timeout_s = statement_timeout_s
@@ -77,13 +80,13 @@ class ReferenceRecorder:
                 queued_at.clear()
             dropped = 0
             for memory_id in memory_ids:
-                key = (tenant_id, user_id, memory_id)
-                last = queued_at.get(key)
+                last = queued_at.get(memory_id.int)
                 if last is not None and tick - last < self._min_interval_s:
                     continue  # written (or about to be) a moment ago
+                key = (tenant_id, user_id, memory_id)
                 if key in pending or len(pending) < self._max_pending:
                     pending[key] = now
-                    queued_at[key] = tick
+                    queued_at[memory_id.int] = tick
                 else:
                     dropped += 1
             if dropped:
@@ -119,8 +122,8 @@ class ReferenceRecorder:
                 )
                 metrics.REFERENCES_DROPPED.labels("flush_failed").inc(len(rows))
                 # Not written: the next read of these ids queues them again.
-                for key in batch:
-                    self._queued_at.pop(key, None)
+                for _tenant, _user, memory_id in batch:
+                    self._queued_at.pop(memory_id.int, None)
                 return 0
             metrics.REFERENCES_FLUSHED.inc(len(rows))
             return updated
