@@ -146,6 +146,14 @@ async def test_int8_vectors_stay_close_to_the_source_models(onnx: OnnxMiniLMEmbe
     assert float(np.min(np.sum(ours * theirs, axis=1))) > 0.97
 
 
+def test_the_derivation_is_reproducible(tmp_path: Path) -> None:
+    installed = assets_module.default_quantized_model_path()
+    again = assets_module.install_quantized_model(tmp_path / installed.name)
+    recorded = orjson.loads(installed.with_suffix(".json").read_bytes())
+    assert assets_module.sha256_file(again) == recorded["sha256"]
+    assert orjson.loads(again.with_suffix(".json").read_bytes()) == recorded
+
+
 def test_a_derived_model_that_changed_is_refused(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -146,15 +147,23 @@ def install_quantized_model(dest: Path | None = None) -> Path:
         options.optimized_model_filepath = str(folded)
         ort.InferenceSession(str(source), sess_options=options, providers=["CPUExecutionProvider"])
         quantized = Path(tmp) / "model-qint8.onnx"
-        quantize_dynamic(
-            folded,
-            quantized,
-            weight_type=QuantType.QInt8,
-            per_channel=True,
-            # Gather: the token embedding table, stored int8 in the source and widened
-            # by the folding; int8 again it keeps the file at the source's 22 MB.
-            op_types_to_quantize=["MatMul", "Gather"],
-        )
+        # The tool suggests its own pre-processing (shape inference, its optimizer) on the
+        # root logger; the folding above is the pre-processing this model needs.
+        root = logging.getLogger()
+        level = root.level
+        root.setLevel(logging.ERROR)
+        try:
+            quantize_dynamic(
+                folded,
+                quantized,
+                weight_type=QuantType.QInt8,
+                per_channel=True,
+                # Gather: the token embedding table, stored int8 in the source and widened
+                # by the folding; int8 again it keeps the file at the source's 22 MB.
+                op_types_to_quantize=["MatMul", "Gather"],
+            )
+        finally:
+            root.setLevel(level)
         target.parent.mkdir(parents=True, exist_ok=True)
         record = {"source_sha256": _source_sha256(), "sha256": sha256_file(quantized)}
         # Model first, then its record: an interrupted install leaves no valid pair behind.
