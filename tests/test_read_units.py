@@ -586,6 +586,13 @@ def test_read_settings_from_env_and_validation() -> None:
         Settings.from_env({"MEMSVC_RRF_K": "0"})
     with pytest.raises(ConfigError, match="PACKET_DEFAULT_CHARS"):
         Settings.from_env({"MEMSVC_PACKET_DEFAULT_CHARS": "10"})
+    assert Settings.from_env({"MEMSVC_READS_QUEUE_SHARE": "0.25"}).reads_queue_share == 0.25
+    for bad in ("0", "1.5", "half"):
+        with pytest.raises(ConfigError, match="READS_QUEUE_SHARE"):
+            Settings.from_env({"MEMSVC_READS_QUEUE_SHARE": bad})
+    assert Settings.from_env(
+        {"MEMSVC_REFERENCES_MIN_INTERVAL_S": "5"}
+    ).references_min_interval_s == pytest.approx(5.0)
 
 
 class _SerialSlowEmbedder:
