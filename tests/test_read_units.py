@@ -587,6 +587,10 @@ def test_read_settings_from_env_and_validation() -> None:
     with pytest.raises(ConfigError, match="PACKET_DEFAULT_CHARS"):
         Settings.from_env({"MEMSVC_PACKET_DEFAULT_CHARS": "10"})
     assert Settings.from_env({"MEMSVC_READS_QUEUE_SHARE": "0.25"}).reads_queue_share == 0.25
+    # The pool opens every connection at start-up, also when only a smaller maximum is set.
+    assert (Settings().pg_pool_min, Settings().pg_pool_max) == (20, 20)
+    small = Settings.from_env({"MEMSVC_PG_POOL_MAX": "8"})
+    assert (small.pg_pool_min, small.pg_pool_max) == (8, 8)
     for bad in ("0", "1.5", "half"):
         with pytest.raises(ConfigError, match="READS_QUEUE_SHARE"):
             Settings.from_env({"MEMSVC_READS_QUEUE_SHARE": bad})
