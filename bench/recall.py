@@ -2,6 +2,8 @@
 
     python -m bench.recall [--users 1000] [--memories-per-user 100] [--messages-per-user 50]
                            [--rate 50] [--count 1000] [--capacity-rates 50,100,150,200,250]
+                           [--server-env MEMSVC_X=value ...]
+    python -m bench.recall --overload-only 200 --overload-runs 3 [--server-env ...]
 
 memsvc runs as its own process (`memsvc serve`, workers off); this process seeds the corpus
 (bench/corpus.py), then drives the server with calls sent at a fixed rate whether or not
@@ -14,6 +16,10 @@ earlier ones returned (a closed loop would hide queueing). Phases:
 3. overload: twice that rate with 200 ms deadlines; every answer is classified (OK, OK but
    degraded, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, other);
 4. the floor: the same embedding, SQL and Redis calls made directly from this process.
+
+``--overload-only RATE`` runs only phase 3, ``--overload-runs`` times, to compare server
+settings (one run varies a lot on a shared machine). Each phase's latencies are kept in call
+order in the JSON, and the server's garbage-collection pauses are reported.
 
 Client, server and PostgreSQL share the machine's cores. Results: bench/results/recall-*.json
 and a latency CDF plot recall-*.png.
