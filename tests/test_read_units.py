@@ -42,6 +42,7 @@ from memsvc.retrieval.lexical import cjk_patterns
 from memsvc.retrieval.query import Hit, ItemKind
 from memsvc.retrieval.ranking import final_order
 from memsvc.retrieval.scope_filter import keep_visible, memory_visible, visible
+from tests.test_tenant_limits import FakeClock
 
 NOW = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
 ME = Scope("t1", "alice")
@@ -500,16 +501,8 @@ def test_in_flight_limit_sheds_at_once() -> None:
     assert limit.in_flight == 0
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_a_read_that_would_wait_past_its_share_of_the_budget_is_shed() -> None:
-    clock = _Clock()
+    clock = FakeClock()
     limit = InFlightLimit(10, queue_share=0.5, clock=clock)
     with limit.slot(0.2):  # alone: never refused by the queue gate
         clock.now += 0.2
@@ -526,7 +519,7 @@ def test_a_read_that_would_wait_past_its_share_of_the_budget_is_shed() -> None:
 
 
 def test_a_burst_after_a_calm_spell_is_shed_at_once() -> None:
-    clock = _Clock()
+    clock = FakeClock()
     limit = InFlightLimit(32, queue_share=0.4, clock=clock)
     for _ in range(20):  # calm: one 15 ms read at a time
         with limit.slot(0.19):
@@ -551,7 +544,7 @@ def test_reads_that_overlap_instead_of_queueing_are_not_shed() -> None:
     # Reads waiting on something else (a slow database: 400 ms each) overlap: four ran at
     # once and each still took 400 ms, so a fifth behind three is expected to take about
     # that too, not 4 x 400 ms.
-    clock = _Clock()
+    clock = FakeClock()
     limit = InFlightLimit(10, queue_share=0.4, clock=clock)
     with contextlib.ExitStack() as running:
         for _ in range(4):

@@ -294,11 +294,9 @@ class PrefetchService:
         if use_cache:
             # This call's lookup may have missed just before a build it could not join (it
             # had ended) stored the packet: look once more before doing the work again.
-            started = time.perf_counter()
-            again, _status, _ms = await self._lookup(key, budget)
+            again, _status, lookup_ms = await self._lookup(key, budget)
             if again is not None and _servable(again, version):
-                cache_ms = (time.perf_counter() - started) * 1000
-                return _Build(None, True, 0.0, cache_ms, cached=again.SerializeToString())
+                return _Build(None, True, 0.0, lookup_ms, cached=again.SerializeToString())
         self.builds += 1
         legs: dict[str, Coroutine[Any, Any, Any]] = {
             CORE_LEG: self._core_leg(query, budget),
