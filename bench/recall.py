@@ -11,11 +11,14 @@ earlier ones returned (a closed loop would hide queueing). Phases:
 
 1. at --rate: Recall with a text query (every query distinct: each costs an embedding),
    Recall with a caller-supplied vector, Prefetch served from the cache, Prefetch built
-   (a distinct hint per call: embedding + walk + store);
+   (a distinct hint per call: embedding + walk + store), and the transport alone (a gRPC
+   Health/Check to the same server on the same channel);
 2. capacity: Recall text at rising rates; the highest with p99 <= 200 ms and no errors;
 3. overload: twice that rate with 200 ms deadlines; every answer is classified (OK, OK but
    degraded, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, other);
 4. the floor: the same embedding, SQL and Redis calls made directly from this process.
+
+Each ratio to the floor is printed with its parts: floor + transport + memsvc's own overhead.
 
 ``--overload-only RATE`` runs only phase 3, ``--overload-runs`` times, to compare server
 settings (one run varies a lot on a shared machine). Each phase's latencies are kept in call
@@ -42,6 +45,7 @@ from typing import Any
 import grpc
 import numpy as np
 import redis.asyncio as aioredis
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench import corpus
 from bench.harness import (
@@ -77,6 +81,7 @@ LABEL = re.compile(r'(\w+)="([^"]*)"')
 CAPACITY_P99_MS = 200.0
 OVERLOAD_DEADLINE_S = 0.2
 STEP_SECONDS = 8.0
+TRANSPORT = "gRPC transport"
 
 Call = Callable[[int], Awaitable[str]]
 
@@ -180,6 +185,7 @@ class Client:
     def __init__(self, target: Target, users: int, seed: int) -> None:
         self._channel = grpc.aio.insecure_channel(f"127.0.0.1:{target.port}")
         self._stub = memory_pb2_grpc.MemoryServiceStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
         self._metadata = (("x-api-key", target.api_key),)
         self._users = users
         self._rng = random.Random(seed)
@@ -203,6 +209,12 @@ class Client:
             pb.CACHE_STATUS_MISS: "miss",
             pb.CACHE_STATUS_BYPASSED: "bypassed",
         }[reply.cache]
+
+    async def health(self, _i: int) -> str:
+        """The transport alone: a Health/Check on the same channel to the same server process
+        (no auth, no database), so service - floor - transport is memsvc's own overhead."""
+        await self._health.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
+        return "ok"
 
     async def close(self) -> None:
         await self._channel.close()
@@ -259,6 +271,7 @@ async def grpc_phases(
         phases.append(await run_phase(client, "Recall vector", recall_vector, rate, count))
         phases.append(await run_phase(client, "Prefetch cached", prefetch_cached, rate, count))
         phases.append(await run_phase(client, "Prefetch built", prefetch_built, rate, count))
+        phases.append(await run_phase(client, TRANSPORT, client.health, rate, count))
 
         capacity = 0.0
         steps: list[dict[str, Any]] = []
@@ -517,15 +530,20 @@ def main() -> None:
         floors = asyncio.run(floor_phases(target, args, vectors))
 
     ratios = {}
+    transport = phases[4].summary()
     for phase, floor in zip(phases[:4], floors, strict=True):
         ours, base = phase.summary(), floor.summary()
         ratios[phase.name] = {
             "p50": ours.p50_ms / base.p50_ms if base.p50_ms else None,
             "p99": ours.p99_ms / base.p99_ms if base.p99_ms else None,
+            # What is left once the floor's work and a bare gRPC round trip are taken off.
+            "own_overhead_p50_ms": ours.p50_ms - base.p50_ms - transport.p50_ms,
         }
         print(
             f"{phase.name:<16} service/floor p50 x{ratios[phase.name]['p50']:.2f}"
             f"  p99 x{ratios[phase.name]['p99']:.2f}"
+            f"  (p50 = floor {base.p50_ms:.2f} + transport {transport.p50_ms:.2f}"
+            f" + memsvc {ratios[phase.name]['own_overhead_p50_ms']:+.2f} ms)"
         )
     overload: Phase = capacity["overload"]
     print(f"capacity (p99 <= {CAPACITY_P99_MS:g} ms): {capacity['capacity_per_s']:g} Recall/s")
