@@ -150,11 +150,15 @@ class _RelevantParts:
 
 @dataclass
 class _Build:
-    packet: Packet | None  # None: another build stored it meanwhile, ``cached`` holds it
+    """One build's outcome, shared by every call that joined it: each decodes its own copy
+    of ``encoded`` (one protobuf parse, in C), so the packet is converted to its wire form
+    once, for the cache and the answers alike."""
+
+    encoded: bytes  # the packet as a serialized PrefetchResponse (body without the header)
+    from_cache: bool  # another build stored it meanwhile; this one did no work
     stored: bool | None  # None: not attempted (degraded, or cache unavailable)
     embed_ms: float
     cache_ms: float
-    cached: bytes = b""
 
 
 class PrefetchService:
@@ -225,12 +229,11 @@ class PrefetchService:
                 )
                 timings.embed_ms = result.embed_ms
                 timings.cache_ms += result.cache_ms
-                if result.packet is None:
-                    wire, status = codec.decode(result.cached), CacheStatus.HIT
-                else:
-                    wire = codec.to_proto(result.packet)
-                    if use_cache and result.stored is False:
-                        status = CacheStatus.BYPASSED
+                wire = codec.decode(result.encoded)
+                if result.from_cache:
+                    status = CacheStatus.HIT
+                elif use_cache and result.stored is False:
+                    status = CacheStatus.BYPASSED
             except TimeoutError:
                 # Joined someone else's build and it outlasted this call's budget.
                 wire = codec.to_proto(_empty(version, degraded=True))
@@ -296,7 +299,7 @@ class PrefetchService:
             # had ended) stored the packet: look once more before doing the work again.
             again, _status, lookup_ms = await self._lookup(key, budget)
             if again is not None and _servable(again, version):
-                return _Build(None, True, 0.0, lookup_ms, cached=again.SerializeToString())
+                return _Build(again.SerializeToString(), True, True, 0.0, lookup_ms)
         self.builds += 1
         legs: dict[str, Coroutine[Any, Any, Any]] = {
             CORE_LEG: self._core_leg(query, budget),
@@ -315,6 +318,7 @@ class PrefetchService:
         relevant: _RelevantParts = results[RELEVANT_LEG].value or _RelevantParts([], [])
         degraded = degraded or relevant.embed_missing
         built = self._assemble(query, version, core, relevant, degraded=degraded)
+        encoded = codec.encode(built)
 
         stored: bool | None = None
         cache_ms = 0.0
@@ -326,7 +330,7 @@ class PrefetchService:
                 await self._cache.put(
                     key,
                     user_index_key(query.scope.tenant_id, query.scope.user_id),
-                    codec.encode(built),
+                    encoded,
                     budget_s=max(budget.remaining(), 0.001),
                     max_ttl_ms=expiry.max_ttl_ms(built, datetime.now(UTC)),
                 )
@@ -334,7 +338,7 @@ class PrefetchService:
             except CacheUnavailable:
                 stored = False
             cache_ms = (time.perf_counter() - cache_started) * 1000
-        return _Build(built, stored, relevant.embed_ms, cache_ms)
+        return _Build(encoded, False, stored, relevant.embed_ms, cache_ms)
 
     async def _core_leg(self, query: PrefetchQuery, budget: Budget) -> _CoreParts:
         cfg = self._config
@@ -509,11 +513,15 @@ class PrefetchService:
             if r.memory_id not in taken and memory_visible(scope, r)
         ]
         taken.update(r.memory_id for r in core_records)
+        # Ordered without the effective confidence, so only the facts kept are decorated.
         relevant_records = [
-            decorate(c.record)
-            for c in assembly.order_facts(relevant.candidates, cfg.roles)
-            if c.record.memory_id not in taken and memory_visible(scope, c.record)
-        ][: cfg.facts]
+            decorate(r)
+            for r in [
+                c.record
+                for c in assembly.order_facts(relevant.candidates, cfg.roles)
+                if c.record.memory_id not in taken and memory_visible(scope, c.record)
+            ][: cfg.facts]
+        ]
         episodes = sorted(
             (e for e in relevant.episodes if e.scope == scope),
             key=lambda e: (-e.ended_at.timestamp(), e.episode_id),
