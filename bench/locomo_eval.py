@@ -1,7 +1,7 @@
 """Retrieval quality on the LoCoMo development split, through the public gRPC API.
 
     python -m bench.locomo_eval [--data ../shared/data/locomo] [--modes hybrid,dense,lexical]
-                                [--routing on,off]
+                                [--routing on,off] [--server-env MEMSVC_RRF_K=60 ...]
 
 Protocol (the LoCoMo paper's, see the data folder's README): one unit per turn, text
 `{speaker} said, "{text}"` (+ ` and shared {blip_caption}` for image turns), one index per
@@ -240,7 +240,15 @@ def main() -> None:
         default=800,
         help="Recall deadline per question (chat preset: 800)",
     )
+    parser.add_argument(
+        "--server-env",
+        action="append",
+        default=[],
+        metavar="MEMSVC_X=value",
+        help="extra server setting for every server (repeatable), e.g. MEMSVC_RRF_K=60",
+    )
     args = parser.parse_args()
+    server_env = dict(pair.partition("=")[::2] for pair in args.server_env)
     samples = json.loads((args.data / "locomo-dev.json").read_text())
     if args.conversations:
         samples = samples[: args.conversations]
@@ -249,7 +257,7 @@ def main() -> None:
     results: list[dict[str, Any]] = []
     with embedded_stack() as stack:
         for i, routing in enumerate(routings):
-            with memsvc_server(stack, {"MEMSVC_ROUTING": routing}) as target:
+            with memsvc_server(stack, server_env | {"MEMSVC_ROUTING": routing}) as target:
                 results += asyncio.run(
                     run(
                         target,
