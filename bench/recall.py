@@ -52,6 +52,7 @@ from bench.harness import (
     RESULTS_DIR,
     Summary,
     Target,
+    finished,
     free_port,
     paced,
     served_stack,
@@ -142,7 +143,7 @@ async def open_loop(name: str, call: Call, *, rate_per_s: float, count: int) -> 
         rate_per_s=rate_per_s,
         count=count,
     )
-    await asyncio.gather(*tasks)
+    await finished(tasks)
     return Phase(name, rate_per_s, latencies, outcomes, time.perf_counter() - start, [])
 
 
