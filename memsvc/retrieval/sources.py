@@ -23,13 +23,20 @@ from memsvc.storage.memories import VISIBLE as FACT_VISIBLE
 from memsvc.storage.memories import record_from_row
 from memsvc.storage.scope_sql import EXACT_SCOPE
 
-# asyncpg rejects a zero timeout; the leg runner cancels at the budget anyway.
-_MIN_STATEMENT_TIMEOUT_S = 0.001
+# How long after the budget's end asyncpg's own timeout would stop a leg's statement.
+STATEMENT_TIMEOUT_SLACK_S = 0.1
 
 
 def statement_timeout(budget: Budget) -> float:
-    """asyncpg's per-statement timeout from the shrinking budget (belt and braces)."""
-    return max(budget.remaining(), _MIN_STATEMENT_TIMEOUT_S)
+    """asyncpg's per-statement timeout: a backstop a little after the budget's end.
+
+    The leg runner cancels a late leg at the budget's end (asyncpg then cancels its query on
+    the server), and the answer is built right after. asyncpg's own timeout must not fire at
+    the same moment: handling it (the timeout error, a cancel request on a new connection)
+    takes milliseconds of event-loop time, and ahead of the runner's timer it delayed the
+    answer past a 500 ms deadline (measured: 10-14 ms, a fresh server whose legs were
+    blocked by a table lock while preparing their statements)."""
+    return budget.remaining() + STATEMENT_TIMEOUT_SLACK_S
 
 
 _EXACT_SCOPE = EXACT_SCOPE

@@ -23,6 +23,7 @@ from memsvc.server.auth import Authenticator
 from memsvc.server.interceptor import ObservingInterceptor
 from memsvc.server.servicer import MemoryServicer
 from memsvc.server.tls import server_credentials
+from memsvc.server.warmup import warm_read_path
 from memsvc.v1 import memory_pb2, memory_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -115,6 +116,14 @@ class MemsvcServer:
                 self.port = server.add_secure_port(address, credentials)
             if self.port == 0:
                 raise OSError(f"cannot bind {settings.grpc_host}:{settings.grpc_port}")
+            # Before the port answers: the first callers must not pay the one-time costs.
+            warmed_s = await warm_read_path(
+                runtime.recall,
+                runtime.prefetch,
+                connections=settings.pg_pool_max,
+                packet_chars=settings.packet_default_chars,
+            )
+            log.debug("read path warmed in %.0f ms", warmed_s * 1000)
             await server.start()
             self._server = server
             for name in ("", SERVICE_NAME):
