@@ -38,7 +38,7 @@ from memsvc.prefetch.model import (
 from memsvc.retrieval import route
 from memsvc.retrieval.embed_cache import EmbeddingLRU, QueryEmbedder
 from memsvc.retrieval.fusion import rrf
-from memsvc.retrieval.lexical import cjk_patterns
+from memsvc.retrieval.lexical import cjk_patterns, lexical_sql
 from memsvc.retrieval.query import Hit, ItemKind
 from memsvc.retrieval.ranking import final_order
 from memsvc.retrieval.scope_filter import keep_visible, memory_visible, visible
@@ -185,6 +185,19 @@ def test_cjk_patterns_are_bigrams_of_each_run() -> None:
     assert cjk_patterns("コーヒー") == ["%コー%", "%ーヒ%", "%ヒー%"]
     assert cjk_patterns("plain english only") == []
     assert len(cjk_patterns("字" * 100 + "词" * 100 + "语言学家研究" * 20)) <= 32
+
+
+@pytest.mark.parametrize("with_as_of", [False, True])
+def test_lexical_statement_has_the_fallback_only_for_cjk(with_as_of: bool) -> None:
+    # A pattern array in every statement kept PostgreSQL planning each call (its generic
+    # plan could not use the indexes for an unknown array): only CJK queries carry one.
+    kinds = (ItemKind.FACT, ItemKind.EPISODE, ItemKind.MESSAGE)
+    plain = lexical_sql(kinds, with_as_of=with_as_of, with_cjk=False)
+    cjk = lexical_sql(kinds, with_as_of=with_as_of, with_cjk=True)
+    last = 8 if with_as_of else 7
+    assert "ILIKE" not in plain and f"${last + 1}" not in plain and f"${last}" in plain
+    # Per kind, in both branches: twice in the score (matches, count), once in the match.
+    assert cjk.count(f"${last + 1}::text[]") == 6 * len(kinds)
 
 
 # -- post-filter -------------------------------------------------------------------------------
