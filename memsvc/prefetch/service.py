@@ -299,7 +299,13 @@ class PrefetchService:
             # had ended) stored the packet: look once more before doing the work again.
             again, _status, lookup_ms = await self._lookup(key, budget)
             if again is not None and _servable(again, version):
-                return _Build(again.SerializeToString(), True, True, 0.0, lookup_ms)
+                return _Build(
+                    again.SerializeToString(),
+                    from_cache=True,
+                    stored=True,
+                    embed_ms=0.0,
+                    cache_ms=lookup_ms,
+                )
         self.builds += 1
         legs: dict[str, Coroutine[Any, Any, Any]] = {
             CORE_LEG: self._core_leg(query, budget),
@@ -338,7 +344,9 @@ class PrefetchService:
             except CacheUnavailable:
                 stored = False
             cache_ms = (time.perf_counter() - cache_started) * 1000
-        return _Build(encoded, False, stored, relevant.embed_ms, cache_ms)
+        return _Build(
+            encoded, from_cache=False, stored=stored, embed_ms=relevant.embed_ms, cache_ms=cache_ms
+        )
 
     async def _core_leg(self, query: PrefetchQuery, budget: Budget) -> _CoreParts:
         cfg = self._config

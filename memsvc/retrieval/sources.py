@@ -34,7 +34,7 @@ def statement_timeout(budget: Budget) -> float:
     the server), and the answer is built right after. asyncpg's own timeout must not fire at
     the same moment: handling it (the timeout error, a cancel request on a new connection)
     takes milliseconds of event-loop time, and ahead of the runner's timer it delayed the
-    answer past a 500 ms deadline (measured: 10-14 ms, a fresh server whose legs were
+    answer past a 500 ms deadline (measured: 10-16 ms, a fresh server whose legs were
     blocked by a table lock while preparing their statements)."""
     return budget.remaining() + STATEMENT_TIMEOUT_SLACK_S
 

@@ -3,10 +3,11 @@
 A fresh process pays one-time costs on its first reads: every pooled connection prepares the
 leg statements (PostgreSQL parses and plans them; a table lock held by a migration blocks
 that step too), the embedder runs its first inference, metrics create their labelled series,
-lazy caches fill. Measured on a fresh server, the first Recall lost 10-15 ms of its budget to
-them, more than the default deadline margin, and answered ``DEADLINE_EXCEEDED`` to a 500 ms
-call whose legs were blocked. So before health reports SERVING, Recalls over every pooled
-connection and one Prefetch run for a scope no caller can hold (reads only: nothing is
+lazy caches fill. On a fresh server they (with asyncpg's timeout then firing at the budget's
+end, see ``retrieval/sources.py``) woke the first Recall's leg runner 10-16 ms late, past
+the default deadline margin: a 500 ms call whose legs were blocked by a table lock was
+answered ``DEADLINE_EXCEEDED``. So before the port serves, Recalls over the pool's open
+connections and one Prefetch run for a scope no caller can hold (reads only: nothing is
 found, nothing is written or cached). A failure here is logged and ignored; warming is an
 optimisation, never a reason not to start.
 """
@@ -55,7 +56,7 @@ async def warm_read_path(
             kinds=tuple(DEFAULT_KINDS),
             mode=Mode.HYBRID,
         )
-        # A hybrid Recall holds two connections at once: together these touch every one.
+        # A hybrid Recall holds two connections at once: together these touch each open one.
         reads += [
             recall.recall(query, Budget(WARMUP_BUDGET_S)) for _ in range(max(1, connections // 2))
         ]
