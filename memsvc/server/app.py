@@ -122,6 +122,7 @@ class MemsvcServer:
                 runtime.prefetch,
                 connections=settings.pg_pool_max,
                 packet_chars=settings.packet_default_chars,
+                dimension=settings.embedding_dim,
             )
             log.debug("read path warmed in %.0f ms", warmed_s * 1000)
             await server.start()

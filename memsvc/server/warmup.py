@@ -1,15 +1,18 @@
-"""Run the read path once before the server says it is serving.
+"""Run the read path once before the server serves.
 
 A fresh process pays one-time costs on its first reads: every pooled connection prepares the
 leg statements (PostgreSQL parses and plans them; a table lock held by a migration blocks
-that step too), the embedder runs its first inference, metrics create their labelled series,
-lazy caches fill. On a fresh server they (with asyncpg's timeout then firing at the budget's
-end, see ``retrieval/sources.py``) woke the first Recall's leg runner 10-16 ms late, past
-the default deadline margin: a 500 ms call whose legs were blocked by a table lock was
-answered ``DEADLINE_EXCEEDED``. So before the port serves, Recalls over the pool's open
-connections and one Prefetch run for a scope no caller can hold (reads only: nothing is
-found, nothing is written or cached). A failure here is logged and ignored; warming is an
-optimisation, never a reason not to start.
+that step too), metrics create their labelled series, lazy caches fill. On a fresh server
+they (with asyncpg's timeout then firing at the budget's end, see ``retrieval/sources.py``)
+woke the first Recall's leg runner 10-16 ms late, past the default deadline margin: a 500 ms
+call whose legs were blocked by a table lock was answered ``DEADLINE_EXCEEDED``.
+
+So before the port serves, Recalls over the pool's open connections and one Prefetch run for
+a scope no caller can hold (reads only: nothing is found, nothing is written or cached).
+They never call the embedder (the Recalls carry a vector, the Prefetch has no hint; the
+local model runs its first inference when it loads): a slow or stalled embedder must not
+hold up the start. A failure here is logged and ignored; warming is an optimisation, never
+a reason not to start.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import logging
 import time
 from collections.abc import Coroutine
 from typing import Any
+
+import numpy as np
 
 from memsvc.deadline import Budget
 from memsvc.memories.model import Scope
@@ -43,15 +48,18 @@ async def warm_read_path(
     *,
     connections: int,
     packet_chars: int,
+    dimension: int,
 ) -> float:
     """Warm the read path; returns the seconds it took."""
     started = time.perf_counter()
     reads: list[Coroutine[Any, Any, object]] = []
     if recall is not None:
+        vector = np.zeros(dimension, dtype=np.float32)
+        vector[0] = 1.0
         query = RecallQuery(
             scope=WARMUP_SCOPE,
             text=WARMUP_TEXT,
-            vector=None,
+            vector=vector,
             top_k=10,
             kinds=tuple(DEFAULT_KINDS),
             mode=Mode.HYBRID,
@@ -61,7 +69,7 @@ async def warm_read_path(
             recall.recall(query, Budget(WARMUP_BUDGET_S)) for _ in range(max(1, connections // 2))
         ]
     if prefetch is not None:
-        packet = PrefetchQuery(WARMUP_SCOPE, "", WARMUP_TEXT, packet_chars)
+        packet = PrefetchQuery(WARMUP_SCOPE, "", "", packet_chars)
         reads.append(prefetch.prefetch(packet, Budget(WARMUP_BUDGET_S)))
     outcomes = await asyncio.gather(*reads, return_exceptions=True)
     for outcome in outcomes:
