@@ -7,8 +7,11 @@ they (with asyncpg's timeout then firing at the budget's end, see ``retrieval/so
 woke the first Recall's leg runner 10-16 ms late, past the default deadline margin: a 500 ms
 call whose legs were blocked by a table lock was answered ``DEADLINE_EXCEEDED``.
 
-So before the port serves, Recalls over the pool's open connections and one Prefetch run for
-a scope no caller can hold (reads only: nothing is found, nothing is written or cached).
+So before the port serves: a Redis ping opens the cache's connection (outside the cache's
+failure breaker: a first GET that also has to connect can outlast the 50 ms Redis timeout on
+a busy start, and would then bypass the cache for the next second), Recalls run over the
+pool's open connections, then one Prefetch, for a scope no caller can hold (reads only:
+nothing is found, nothing is written or cached).
 They never call the embedder (the Recalls carry a vector, the Prefetch has no hint; the
 local model runs its first inference when it loads): a slow or stalled embedder must not
 hold up the start. A failure here is logged and ignored; warming is an optimisation, never
@@ -24,6 +27,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 import numpy as np
+from redis.asyncio import Redis
 
 from memsvc.deadline import Budget
 from memsvc.memories.model import Scope
@@ -40,18 +44,26 @@ WARMUP_TEXT = "what did we talk about last time"
 # Each warming read's budget: long enough for a cold statement, short enough that a stalled
 # dependency delays start-up by little.
 WARMUP_BUDGET_S = 0.2
+REDIS_CONNECT_TIMEOUT_S = 1.0
 
 
 async def warm_read_path(
     recall: RecallService | None,
     prefetch: PrefetchService | None,
     *,
+    redis: Redis | None,
     connections: int,
     packet_chars: int,
     dimension: int,
 ) -> float:
     """Warm the read path; returns the seconds it took."""
     started = time.perf_counter()
+    if redis is not None:
+        try:
+            async with asyncio.timeout(REDIS_CONNECT_TIMEOUT_S):
+                await redis.ping()
+        except Exception as exc:  # the cache's own breaker deals with a Redis that is down
+            log.warning("warming the cache connection failed: %s", type(exc).__name__)
     reads: list[Coroutine[Any, Any, object]] = []
     if recall is not None:
         vector = np.zeros(dimension, dtype=np.float32)
@@ -68,10 +80,13 @@ async def warm_read_path(
         reads += [
             recall.recall(query, Budget(WARMUP_BUDGET_S)) for _ in range(max(1, connections // 2))
         ]
-    if prefetch is not None:
-        packet = PrefetchQuery(WARMUP_SCOPE, "", "", packet_chars)
-        reads.append(prefetch.prefetch(packet, Budget(WARMUP_BUDGET_S)))
     outcomes = await asyncio.gather(*reads, return_exceptions=True)
+    if prefetch is not None:
+        # After the Recalls, on a quiet loop: its cache read must not look like an outage.
+        packet = PrefetchQuery(WARMUP_SCOPE, "", "", packet_chars)
+        outcomes += await asyncio.gather(
+            prefetch.prefetch(packet, Budget(WARMUP_BUDGET_S)), return_exceptions=True
+        )
     for outcome in outcomes:
         if isinstance(outcome, BaseException):
             log.warning("warming the read path failed: %s", type(outcome).__name__)
