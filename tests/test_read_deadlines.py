@@ -17,6 +17,9 @@ import grpc
 import pytest
 
 from memsvc.debug_delay import MARKER
+from memsvc.retrieval.dense import dense_sql
+from memsvc.retrieval.lexical import lexical_sql
+from memsvc.retrieval.query import DEFAULT_KINDS
 from memsvc.v1 import memory_pb2 as pb
 from tests.conftest import Caller
 from tests.read_helpers import StartServer, pscope, stub_for
@@ -280,3 +283,25 @@ async def test_prefetch_slow_embedder_falls_back_to_full_text(
     )
     assert elapsed < 0.4 + SLACK_S
     assert reply.degraded and "Plays the cello on Sundays" in reply.text
+
+
+async def test_a_started_server_has_its_read_statements_prepared_on_every_connection(
+    start_server: StartServer,
+) -> None:
+    # The warm-up (memsvc/server/warmup.py) ran Recalls over the pool before the port served:
+    # no caller's first read pays for preparing them (nor waits behind a lock to do so).
+    srv, _channel = await start_server()
+    pool = srv.pool
+    assert pool is not None
+    wanted = {
+        dense_sql(DEFAULT_KINDS, with_as_of=False),
+        lexical_sql(DEFAULT_KINDS, with_as_of=False, with_cjk=False),
+    }
+    conns = [await pool.acquire() for _ in range(pool.get_size())]
+    try:
+        for conn in conns:
+            rows = await conn.fetch("SELECT statement FROM pg_prepared_statements")
+            assert wanted <= {r[0] for r in rows}
+    finally:
+        for conn in conns:
+            await pool.release(conn)

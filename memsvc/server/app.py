@@ -120,8 +120,8 @@ class MemsvcServer:
             warmed_s = await warm_read_path(
                 runtime.recall,
                 runtime.prefetch,
+                pool=runtime.pool,
                 redis=runtime.redis,
-                connections=settings.pg_pool_max,
                 packet_chars=settings.packet_default_chars,
                 dimension=settings.embedding_dim,
             )

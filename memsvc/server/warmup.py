@@ -9,9 +9,10 @@ call whose legs were blocked by a table lock was answered ``DEADLINE_EXCEEDED``.
 
 So before the port serves: a Redis ping opens the cache's connection (outside the cache's
 failure breaker: a first GET that also has to connect can outlast the 50 ms Redis timeout on
-a busy start, and would then bypass the cache for the next second), Recalls run over the
-pool's open connections, then one Prefetch, for a scope no caller can hold (reads only:
-nothing is found, nothing is written or cached).
+a busy start, and would then bypass the cache for the next second); every open pooled
+connection runs both legs' statements for the default kinds once (which prepares them
+there); then one Recall and one Prefetch run end to end. All for a scope no caller can hold
+(reads only: nothing is found, nothing is written or cached).
 They never call the embedder (the Recalls carry a vector, the Prefetch has no hint; the
 local model runs its first inference when it loads): a slow or stalled embedder must not
 hold up the start. A failure here is logged and ignored; warming is an optimisation, never
@@ -23,16 +24,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Coroutine
-from typing import Any
 
+import asyncpg
 import numpy as np
+import numpy.typing as npt
 from redis.asyncio import Redis
 
 from memsvc.deadline import Budget
 from memsvc.memories.model import Scope
 from memsvc.prefetch.model import PrefetchQuery
 from memsvc.prefetch.service import PrefetchService
+from memsvc.retrieval.dense import dense_hits
+from memsvc.retrieval.lexical import lexical_hits
 from memsvc.retrieval.query import DEFAULT_KINDS, Mode, RecallQuery
 from memsvc.retrieval.recall import RecallService
 
@@ -45,14 +48,15 @@ WARMUP_TEXT = "what did we talk about last time"
 # dependency delays start-up by little.
 WARMUP_BUDGET_S = 0.2
 REDIS_CONNECT_TIMEOUT_S = 1.0
+ACQUIRE_TIMEOUT_S = 0.05
 
 
 async def warm_read_path(
     recall: RecallService | None,
     prefetch: PrefetchService | None,
     *,
+    pool: asyncpg.Pool,
     redis: Redis | None,
-    connections: int,
     packet_chars: int,
     dimension: int,
 ) -> float:
@@ -64,10 +68,25 @@ async def warm_read_path(
                 await redis.ping()
         except Exception as exc:  # the cache's own breaker deals with a Redis that is down
             log.warning("warming the cache connection failed: %s", type(exc).__name__)
-    reads: list[Coroutine[Any, Any, object]] = []
+    vector = np.zeros(dimension, dtype=np.float32)
+    vector[0] = 1.0
+    outcomes: list[object] = []
     if recall is not None:
-        vector = np.zeros(dimension, dtype=np.float32)
-        vector[0] = 1.0
+        # Every open connection at once, each runs both statements; one that a background
+        # worker holds is left out rather than waited for.
+        held: list[asyncpg.Connection] = []
+        for _ in range(pool.get_size()):
+            try:
+                held.append(await pool.acquire(timeout=ACQUIRE_TIMEOUT_S))
+            except TimeoutError:
+                break
+        try:
+            outcomes += await asyncio.gather(
+                *(_prepare_legs(conn, vector) for conn in held), return_exceptions=True
+            )
+        finally:
+            for conn in held:
+                await pool.release(conn)
         query = RecallQuery(
             scope=WARMUP_SCOPE,
             text=WARMUP_TEXT,
@@ -76,13 +95,10 @@ async def warm_read_path(
             kinds=tuple(DEFAULT_KINDS),
             mode=Mode.HYBRID,
         )
-        # A hybrid Recall holds two connections at once: together these touch each open one.
-        reads += [
-            recall.recall(query, Budget(WARMUP_BUDGET_S)) for _ in range(max(1, connections // 2))
-        ]
-    outcomes = await asyncio.gather(*reads, return_exceptions=True)
+        outcomes += await asyncio.gather(
+            recall.recall(query, Budget(WARMUP_BUDGET_S)), return_exceptions=True
+        )
     if prefetch is not None:
-        # After the Recalls, on a quiet loop: its cache read must not look like an outage.
         packet = PrefetchQuery(WARMUP_SCOPE, "", "", packet_chars)
         outcomes += await asyncio.gather(
             prefetch.prefetch(packet, Budget(WARMUP_BUDGET_S)), return_exceptions=True
@@ -92,3 +108,17 @@ async def warm_read_path(
             log.warning("warming the read path failed: %s", type(outcome).__name__)
             break
     return time.perf_counter() - started
+
+
+async def _prepare_legs(conn: asyncpg.Connection, vector: npt.NDArray[np.float32]) -> None:
+    """Both legs' statements for the default kinds, run once on ``conn`` (asyncpg keeps them
+    prepared there); only the statement text matters, so the values are placeholders."""
+    budget = Budget(WARMUP_BUDGET_S)
+    await dense_hits(
+        conn, WARMUP_SCOPE, vector, DEFAULT_KINDS, model_id="", limit=1, exact_max_rows=0,
+        as_of=None, budget=budget, delays={},
+    )  # fmt: skip
+    await lexical_hits(
+        conn, WARMUP_SCOPE, WARMUP_TEXT, DEFAULT_KINDS, limit=1, exact_max_rows=0,
+        as_of=None, budget=budget, delays={},
+    )  # fmt: skip
