@@ -531,7 +531,7 @@ def main() -> None:
         floors = asyncio.run(floor_phases(target, args, vectors))
 
     ratios = {}
-    transport = phases[4].summary()
+    transport = next(p for p in phases if p.name == TRANSPORT).summary()
     for phase, floor in zip(phases[:4], floors, strict=True):
         ours, base = phase.summary(), floor.summary()
         ratios[phase.name] = {

@@ -288,8 +288,9 @@ async def test_prefetch_slow_embedder_falls_back_to_full_text(
 async def test_a_started_server_has_its_read_statements_prepared_on_every_connection(
     start_server: StartServer,
 ) -> None:
-    # The warm-up (memsvc/server/warmup.py) ran Recalls over the pool before the port served:
-    # no caller's first read pays for preparing them (nor waits behind a lock to do so).
+    # The warm-up (memsvc/server/warmup.py) ran both legs' statements on every pooled
+    # connection before the port served: no caller's first read pays for preparing them
+    # (nor waits behind a lock to do so).
     srv, _channel = await start_server()
     pool = srv.pool
     assert pool is not None
