@@ -16,6 +16,7 @@ import pytest
 from memsvc.admission import InFlightLimit
 from memsvc.cache.single_flight import SingleFlight
 from memsvc.config import ConfigError, Settings
+from memsvc.deadline import Budget
 from memsvc.embedding.base import EmbeddingTimeout
 from memsvc.errors import ResourceExhausted
 from memsvc.fanout import LegRunner
@@ -42,6 +43,7 @@ from memsvc.retrieval.lexical import cjk_patterns, lexical_sql
 from memsvc.retrieval.query import Hit, ItemKind
 from memsvc.retrieval.ranking import final_order
 from memsvc.retrieval.scope_filter import keep_visible, memory_visible, visible
+from memsvc.retrieval.sources import statement_timeout
 from tests.test_tenant_limits import FakeClock
 
 NOW = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
@@ -727,3 +729,12 @@ async def test_loop_lag_sheds_reads_only_while_the_loop_stays_late() -> None:
         lag.admit_read(0.02)  # recovered
     finally:
         lag.stop()
+
+
+def test_statement_timeout_is_a_backstop_after_the_budget() -> None:
+    # The leg runner cancels at the budget's end; asyncpg's own timeout must come later, so
+    # its handling never runs ahead of the answer.
+    budget = Budget(0.2)
+    assert budget.remaining() < statement_timeout(budget) <= budget.remaining() + 0.2
+    spent = Budget(0.0)
+    assert statement_timeout(spent) > 0  # asyncpg refuses a zero timeout
