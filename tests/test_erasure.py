@@ -64,14 +64,14 @@ async def test_forgetting_one_memory_removes_every_derived_copy(
     assert await rows_mentioning(pool, caller.tenant_id, SECRET) == {t: 0 for t in USER_TABLES}
     assert not any(SECRET in t for t in await everything_found(caller, SECRET))
     # The other fact and its episode remain, rewritten without the erased fact and re-embedded.
-    assert await contents(caller) == ["Loves chess"]
+    assert await contents(caller) == ["The user loves chess."]
     async with pool.acquire() as conn:
         episodes = await conn.fetch(
             "SELECT summary, embedding_state FROM episodes WHERE tenant_id = $1", caller.tenant_id
         )
         topics = await conn.fetch("SELECT name FROM topics WHERE tenant_id = $1", caller.tenant_id)
     assert [(e["summary"], e["embedding_state"]) for e in episodes] == [
-        ("Said: Loves chess", "missing")
+        ("The user loves chess.", "missing")
     ]
     # The topic only the erased facts fed ("home and places") is gone too.
     assert [t["name"] for t in topics] == ["interests"]
@@ -79,7 +79,7 @@ async def test_forgetting_one_memory_removes_every_derived_copy(
     # No tombstone: the same content is stored normally afterwards.
     await ingest(caller, [msg("alice", f"I live in {SECRET}.")], session="s3")
     await drain()
-    assert f"Lives in {SECRET}" in await contents(caller)
+    assert f"The user lives in {SECRET}." in await contents(caller)
 
 
 async def test_forgetting_a_whole_scope_leaves_other_scopes(caller: Caller, drain, pool) -> None:  # type: ignore[no-untyped-def]
@@ -107,7 +107,7 @@ async def test_forgetting_a_whole_scope_leaves_other_scopes(caller: Caller, drai
             )
         }
     assert set(left.values()) == {0}
-    assert await contents(caller) == ["Lives in Oslo"]
+    assert await contents(caller) == ["The user lives in Oslo."]
 
 
 async def test_erasing_a_user_reaches_their_turns_in_others_sessions(
@@ -115,7 +115,7 @@ async def test_erasing_a_user_reaches_their_turns_in_others_sessions(
 ) -> None:  # type: ignore[no-untyped-def]
     await ingest(caller, [msg("alice", "I love tea."), msg("bob", f"I live in {SECRET}.")])
     await drain()
-    assert await contents(caller, "bob") == [f"Lives in {SECRET}"]
+    assert await contents(caller, "bob") == [f"The user lives in {SECRET}."]
     await caller.stub.Forget(pb.ForgetRequest(scope=pb.Scope(user_id="bob"), erase_user=True))
     assert await rows_mentioning(pool, caller.tenant_id, SECRET) == {t: 0 for t in USER_TABLES}
     async with pool.acquire() as conn:
@@ -131,7 +131,7 @@ async def test_erasing_a_user_reaches_their_turns_in_others_sessions(
             caller.tenant_id,
         )
     assert set(bobs.values()) == {0} and said_by_bob == 0
-    assert await contents(caller, "alice") == ["Loves tea"]
+    assert await contents(caller, "alice") == ["The user loves tea."]
 
 
 async def test_pending_work_is_erased_too(caller: Caller, drain, pool) -> None:  # type: ignore[no-untyped-def]
@@ -154,6 +154,7 @@ class Gated(RulesExtractor):
     """Real rules extraction that waits for a signal: the job is in flight until released."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.entered = asyncio.Event()
         self.release = asyncio.Event()
 

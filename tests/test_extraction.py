@@ -31,9 +31,12 @@ async def test_three_person_session_with_a_bot_attributes_each_fact(
     assert done.outcome.messages_indexed == 6
     assert done.outcome.dropped_by_gates >= 1  # "can you hear me?"
     # The organizer receives only her own facts; each participant only theirs.
-    assert await contents(caller, "alice") == ["Daughter is named Maya", "Is vegetarian"]
-    assert await contents(caller, "bob") == ["Lives in Singapore"]
-    assert await contents(caller, "carol") == ["Works at Siemens"]
+    assert await contents(caller, "alice") == [
+        "The user is a vegetarian and their daughter is named Maya.",
+        "The user's daughter is named Maya.",
+    ]
+    assert await contents(caller, "bob") == ["The user lives in Singapore now."]
+    assert await contents(caller, "carol") == ["The user works at Siemens."]
     assert await contents(caller, "bot:notetaker") == []
     assert await contents(caller, "agent-7") == []
     async with pool.acquire() as conn:
@@ -94,10 +97,10 @@ async def test_update_supersedes_and_history_keeps_the_old_value(caller: Caller,
     await drain()
     done = await status(caller, reply.ingest_id)
     assert done.outcome.updated == 1
-    assert await contents(caller) == ["Lives in Singapore"]
+    assert await contents(caller) == ["The user just moved to Singapore."]
     assert await contents(caller, include_superseded=True) == [
-        "Lives in Delhi",
-        "Lives in Singapore",
+        "The user just moved to Singapore.",
+        "The user lives in Delhi.",
     ]
     listed = await caller.stub.ListMemories(pb.ListMemoriesRequest(scope=pb.Scope(user_id="alice")))
     history = await caller.stub.GetMemoryHistory(
@@ -105,7 +108,10 @@ async def test_update_supersedes_and_history_keeps_the_old_value(caller: Caller,
             scope=pb.Scope(user_id="alice"), memory_id=listed.memories[0].memory_id
         )
     )
-    assert [v.content for v in history.versions] == ["Lives in Delhi", "Lives in Singapore"]
+    assert [v.content for v in history.versions] == [
+        "The user lives in Delhi.",
+        "The user just moved to Singapore.",
+    ]
     old, new = history.versions
     assert old.status == pb.MEMORY_STATUS_SUPERSEDED and old.superseded_by_id == new.memory_id
     assert new.origin == "extraction" and new.supersedes_id == old.memory_id
@@ -118,10 +124,13 @@ async def test_historical_statement_never_overwrites_the_current_one(caller: Cal
     await drain()
     await ingest(caller, [msg("alice", "I lived in Delhi in 2022.")], session="s2")
     await drain()
-    assert await contents(caller) == ["Lives in Singapore", "Used to live in Delhi in 2022"]
+    assert await contents(caller) == [
+        "The user lived in Delhi in 2022.",
+        "The user lives in Singapore now.",
+    ]
     assert await contents(caller, include_superseded=True) == [
-        "Lives in Singapore",
-        "Used to live in Delhi in 2022",
+        "The user lived in Delhi in 2022.",
+        "The user lives in Singapore now.",
     ]
 
 
@@ -132,7 +141,7 @@ async def test_negation_resolves_a_conflict(caller: Caller, drain) -> None:  # t
     await drain()
     done = await status(caller, reply.ingest_id)
     assert done.outcome.conflicts_resolved == 1
-    assert await contents(caller) == ["Is no longer vegetarian"]
+    assert await contents(caller) == ["The user is not vegetarian anymore."]
 
 
 async def test_goals_become_core_facts_of_the_owner_only(caller: Caller, drain) -> None:  # type: ignore[no-untyped-def]
@@ -147,13 +156,13 @@ async def test_goals_become_core_facts_of_the_owner_only(caller: Caller, drain) 
     [goal] = listed.memories
     assert goal.content == "Goal: Book a flight to Tokyo"
     assert (goal.role, goal.category, goal.confidence) == ("core", "goal", 1.0)
-    assert await contents(caller, "bob") == ["Works at Acme"]
+    assert await contents(caller, "bob") == ["The user works at Acme."]
 
 
 async def test_counterpart_persona_stamps_every_row(caller: Caller, drain, pool) -> None:  # type: ignore[no-untyped-def]
     await ingest(caller, [msg("alice", "My dog's name is Rex.")], counterpart_persona_id="nova")
     await drain()
-    assert await contents(caller, persona="nova") == ["Dog is named Rex"]
+    assert await contents(caller, persona="nova") == ["The user's dog's name is Rex."]
     assert await contents(caller) == []
     async with pool.acquire() as conn:
         for table in ("memories", "episodes", "topics"):

@@ -431,9 +431,9 @@ async def test_ingest_redacts_facts_and_episodes(
     assert outcome.pii_rejected == 0 and outcome.added == 3
     assert _metric("phone", "redact", "extraction") > before
     contents = await _contents(caller)
-    assert "Wants to call their mom at [redacted phone number]" in contents
-    assert "Card number is [redacted card number]" in contents
-    assert "Loves hiking" in contents
+    assert "The user wants to call their mom at [redacted phone number]." in contents
+    assert "The user's card number is [redacted card number]." in contents
+    assert "The user loves hiking." in contents
     assert await _stored_anywhere(pool, caller.tenant_id, "4111") == []
     assert await _stored_anywhere(pool, caller.tenant_id, "555-0132") == []
     episode = await pool.fetchrow(
@@ -451,7 +451,7 @@ async def test_ingest_reject_drops_the_fact_and_redacts_the_episode(
     outcome = await _status(caller, reply.ingest_id)
     assert outcome.pii_rejected == 2 and outcome.added == 1
     assert outcome.redacted == 1  # the episode: its text is redacted, never refused
-    assert await _contents(caller) == ["Loves hiking"]
+    assert await _contents(caller) == ["The user loves hiking."]
     assert await _stored_anywhere(pool, caller.tenant_id, "4111") == []
     assert await _stored_anywhere(pool, caller.tenant_id, "555-0132") == []
 
@@ -465,5 +465,5 @@ async def test_ingest_under_store_keeps_ordinary_facts_but_not_core_ones(
     outcome = await _status(caller, reply.ingest_id)
     assert outcome.redacted == 1 and outcome.pii_rejected == 0
     contents = await _contents(caller)
-    assert f"Wants to call their mom at {PHONE}" in contents
-    assert "Card number is [redacted card number]" in contents  # role core
+    assert f"The user wants to call their mom at {PHONE}." in contents
+    assert "The user's card number is [redacted card number]." in contents  # role core

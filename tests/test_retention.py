@@ -102,27 +102,33 @@ async def test_expired_memory_is_never_read_then_the_task_deletes_it_and_its_edg
     caller: Caller, server: MemsvcServer, pool: asyncpg.Pool, drain
 ) -> None:  # type: ignore[no-untyped-def]
     doomed = await remember(
-        caller, "Loves chess", retention_policy=TTL, ttl=Duration(seconds=3600), pinned=True
+        caller,
+        "The user loves chess.",
+        retention_policy=TTL,
+        ttl=Duration(seconds=3600),
+        pinned=True,
     )
     # Extraction reinforces the identical memory and links its episode to it (a derived edge).
     await ingest(caller, [msg("alice", "I love chess."), msg("alice", "I live in Oslo.")])
     await drain()
-    edges = "memory_id = ANY(SELECT memory_id FROM memories WHERE content = 'Loves chess')"
+    edges = (
+        "memory_id = ANY(SELECT memory_id FROM memories WHERE content = 'The user loves chess.')"
+    )
     assert await count(pool, "episode_memories", caller.tenant_id, edges) == 1
-    assert "Loves chess" in await listed(caller)
+    assert "The user loves chess." in await listed(caller)
 
-    await expire_now(pool, "memories", caller.tenant_id, "content = 'Loves chess'")
+    await expire_now(pool, "memories", caller.tenant_id, "content = 'The user loves chess.'")
 
     # Expiry racing a read: the row is still there, and no read returns it.
-    assert await count(pool, "memories", caller.tenant_id, "content = 'Loves chess'") == 1
+    assert await count(pool, "memories", caller.tenant_id, "content = 'The user loves chess.'") == 1
     facts = await recall(caller, "chess", types=[pb.ITEM_TYPE_FACT], top_k=50)
     assert all("chess" not in item.text.lower() for item in facts.items)
     # (The episode's own summary still quotes what was said: it is derived from the messages,
     # which are kept, not from the memory.)
     for packet in (await prefetch(caller), await prefetch(caller, hint="chess")):
-        assert "Loves chess" not in [f.content for f in packet.facts]
-        assert "Lives in Oslo" in [f.content for f in packet.facts]
-    assert await listed(caller) == ["Lives in Oslo"]
+        assert "The user loves chess." not in [f.content for f in packet.facts]
+        assert "The user lives in Oslo." in [f.content for f in packet.facts]
+    assert await listed(caller) == ["The user lives in Oslo."]
     for call, request in (
         (
             caller.stub.GetMemoryHistory,
@@ -139,12 +145,12 @@ async def test_expired_memory_is_never_read_then_the_task_deletes_it_and_its_edg
 
     await expiry(server).run_once()
 
-    assert await count(pool, "memories", caller.tenant_id, "content = 'Loves chess'") == 0
+    assert await count(pool, "memories", caller.tenant_id, "content = 'The user loves chess.'") == 0
     assert await count(pool, "episode_memories", caller.tenant_id, edges) == 0
     # The episode came from the messages, which have not expired: it stays, as does the
     # extracted fact (facts without a policy never expire).
     assert await count(pool, "episodes", caller.tenant_id) == 1
-    assert await listed(caller) == ["Lives in Oslo"]
+    assert await listed(caller) == ["The user lives in Oslo."]
 
 
 async def test_cached_packet_is_not_served_after_expiry(

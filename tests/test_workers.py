@@ -42,6 +42,7 @@ class FailingFor(RulesExtractor):
     """The real rules extractor, except for chosen speakers, for whom it fails `times` times."""
 
     def __init__(self, speakers: set[str], times: int = 1_000) -> None:
+        super().__init__()
         self.speakers = speakers
         self.remaining = times
 
@@ -56,6 +57,7 @@ class Scripted(RulesExtractor):
     """Proposes exactly the given candidates (sources rewritten to the speaker's turns)."""
 
     def __init__(self, facts: Sequence[CandidateFact]) -> None:
+        super().__init__()
         self.facts = facts
 
     async def extract(self, data: ExtractionInput) -> Extraction:
@@ -68,6 +70,7 @@ class Scripted(RulesExtractor):
 
 class Slow(RulesExtractor):
     def __init__(self, seconds: float) -> None:
+        super().__init__()
         self.seconds = seconds
 
     async def extract(self, data: ExtractionInput) -> Extraction:
@@ -105,14 +108,14 @@ async def test_one_speakers_failure_never_rolls_back_another(caller: Caller, ser
     first = await status(caller, reply.ingest_id)
     assert first.state == pb.INGEST_STATE_PENDING
     assert first.attempts == 1 and first.last_error == "SpeakerFailures"
-    assert await contents(caller, "alice") == ["Lives in Oslo"]
+    assert await contents(caller, "alice") == ["The user lives in Oslo."]
     assert await contents(caller, "bob") == []
     await drain_all(worker, rounds=20, pause_s=0.1)
     done = await status(caller, reply.ingest_id)
     assert done.state == pb.INGEST_STATE_DONE and done.attempts == 2
     # Alice was not processed twice; the outcome still counts both speakers once.
-    assert await contents(caller, "alice") == ["Lives in Oslo"]
-    assert await contents(caller, "bob") == ["Works at Equinor"]
+    assert await contents(caller, "alice") == ["The user lives in Oslo."]
+    assert await contents(caller, "bob") == ["The user works at Equinor."]
     assert (done.outcome.added, done.outcome.speakers) == (2, 2)
 
 
@@ -130,7 +133,7 @@ async def test_rerunning_a_finished_job_adds_nothing(caller: Caller, server, dra
     before = await contents(caller)
     outcome = await server.runtime.pipeline.run(job)
     again = await server.runtime.pipeline.run(job)
-    assert await contents(caller) == before == ["Goal: Buy a boat", "Loves sailing"]
+    assert await contents(caller) == before == ["Goal: Buy a boat", "The user loves sailing."]
     assert outcome.as_dict() == again.as_dict()
     async with pool.acquire() as conn:
         rows = await conn.fetchval(
@@ -183,7 +186,7 @@ async def test_a_crashed_workers_job_is_taken_over_after_its_lease(
     await other.drain()
     done = await status(caller, reply.ingest_id)
     assert done.state == pb.INGEST_STATE_DONE and done.attempts == 2
-    assert await contents(caller) == ["Works as a nurse"]
+    assert await contents(caller) == ["The user is a nurse."]
     # The late worker's completion is refused: the job is no longer its.
     async with pool.acquire() as conn:
         assert not await outbox.complete(conn, taken, {"added": 99})
@@ -242,7 +245,7 @@ async def test_worker_killed_mid_job_is_completed_once_by_another(  # type: igno
         await asyncio.sleep(0.1)
     done = await status(caller, reply.ingest_id)
     assert done.state == pb.INGEST_STATE_DONE and done.attempts == 2
-    assert await contents(caller) == ["Lives in Nairobi"]
+    assert await contents(caller) == ["The user lives in Nairobi."]
 
 
 async def test_graceful_stop_lets_a_running_job_finish(caller: Caller, server) -> None:  # type: ignore[no-untyped-def]
@@ -256,7 +259,7 @@ async def test_graceful_stop_lets_a_running_job_finish(caller: Caller, server) -
     await worker.stop(grace_s=10)
     await task
     assert (await status(caller, reply.ingest_id)).state == pb.INGEST_STATE_DONE
-    assert await contents(caller) == ["Loves chess"]
+    assert await contents(caller) == ["The user loves chess."]
 
 
 async def test_stop_past_the_grace_gives_the_job_back(caller: Caller, server) -> None:  # type: ignore[no-untyped-def]
@@ -318,7 +321,7 @@ async def test_in_server_worker_wakes_on_notify(caller: Caller, server_with_work
     replies = [await ingest(caller, [msg(u, "I'm from Accra.")], user=u) for u in users]
     assert await wait_all_done(caller, replies) == [pb.INGEST_STATE_DONE] * len(replies)
     for u in users:
-        assert await contents(caller, u) == ["Is from Accra"]
+        assert await contents(caller, u) == ["The user is from Accra."]
 
 
 async def test_one_users_jobs_follow_each_other_at_once(caller: Caller, server_with_worker) -> None:  # type: ignore[no-untyped-def]
@@ -347,14 +350,14 @@ async def test_quota_skips_new_facts_but_never_reinforcements(caller: Caller, se
     done = await status(caller, reply.ingest_id)
     assert (done.outcome.added, done.outcome.reinforced, done.outcome.skipped_by_quota) == (0, 1, 2)
     # Quota-skipped candidates leave no trace.
-    assert await contents(caller) == ["Loves jazz", "Loves tea"]
+    assert await contents(caller) == ["The user loves jazz.", "The user loves tea."]
 
 
 async def test_confidence_floor_comes_before_dedup(caller: Caller, server, drain) -> None:  # type: ignore[no-untyped-def]
     await ingest(caller, [msg("alice", "I love tea.")])
     await drain()
     weak = CandidateFact(
-        content="Loves tea",
+        content="The user loves tea.",
         category="preference",
         role="context",
         confidence=0.2,
@@ -370,7 +373,9 @@ async def test_confidence_floor_comes_before_dedup(caller: Caller, server, drain
     # The weak repeat was dropped by the floor, so it did not reinforce the stored fact.
     assert (done.outcome.dropped_by_gates, done.outcome.reinforced, done.outcome.added) == (2, 0, 0)
     listed = await caller.stub.ListMemories(pb.ListMemoriesRequest(scope=pb.Scope(user_id="alice")))
-    assert [(m.content, m.reinforced_count) for m in listed.memories] == [("Loves tea", 0)]
+    assert [(m.content, m.reinforced_count) for m in listed.memories] == [
+        ("The user loves tea.", 0)
+    ]
 
 
 async def test_openai_extractor_end_to_end_with_a_malformed_reply(  # type: ignore[no-untyped-def]

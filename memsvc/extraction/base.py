@@ -51,6 +51,11 @@ class CandidateFact:
     historical: bool = False
     # "I no longer eat meat": contradicts the positive form of the same predicate/object.
     negated: bool = False
+    # "I'm moving to Tokyo next year": a plan or a future, never the current value of a
+    # single-valued predicate (its predicate is "plans", its object what is planned).
+    planned: bool = False
+    # When the statement became true: the message's `sent_at`, or the absolute date the
+    # statement names ("yesterday" in a message of 8 May 2023 -> 7 May 2023).
     valid_from: datetime | None = None
 
 
@@ -88,6 +93,8 @@ class ExistingFact:
     predicate: str
     object: str
     similarity: float
+    # When the stored fact became true: a statement said before it never replaces it.
+    valid_from: datetime | None = None
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from memsvc.extraction.base import CandidateFact, Decision, DecisionResult, ExistingFact
-from memsvc.extraction.rules import HISTORICAL_OF, SINGLE_VALUED
+from memsvc.extraction.predicates import HISTORICAL_OF, OPPOSITE, SINGLE_VALUED
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,10 @@ class Verdict:
     reason: str = ""
 
 
+# Below this confidence a statement is hedged ("I might move to Oslo"): it never replaces a fact.
+CERTAIN = 0.75
+
+
 def passes_floor(candidate: CandidateFact, thresholds: Thresholds) -> bool:
     return candidate.confidence >= thresholds.confidence_floor
 
@@ -53,16 +57,48 @@ def classify(
     """Decide ADD / NOOP (reinforce) / UPDATE / CONFLICT, or flag the gray zone.
 
     Structured knowledge goes first (a new city for a single-valued "lives_in" is an update
-    however dissimilar the sentences), then similarity.
+    however dissimilar the sentences), then similarity. Nothing said before a stored fact
+    became true ends it (an older conversation ingested late).
     """
+    verdict = _classify(
+        candidate,
+        exact=exact,
+        same_predicate=same_predicate,
+        nearest=nearest,
+        thresholds=thresholds,
+    )
+    supersedes = verdict.decision in (Decision.UPDATE, Decision.CONFLICT)
+    if supersedes and verdict.target is not None and _said_before(candidate, verdict.target):
+        return Verdict(Decision.ADD, reason=f"said before the stored fact ({verdict.reason})")
+    return verdict
+
+
+def _classify(
+    candidate: CandidateFact,
+    *,
+    exact: ExistingFact | None,
+    same_predicate: Sequence[ExistingFact],
+    nearest: Sequence[ExistingFact],
+    thresholds: Thresholds,
+) -> Verdict:
     if exact is not None:
         return Verdict(Decision.NOOP, exact, reason="exact")
     predicate = candidate.predicate
     if candidate.negated:
         for fact in same_predicate:
-            if _same(fact.object, candidate.object):
+            if (
+                fact.predicate == predicate
+                and _same(fact.subject, candidate.subject)
+                and _same(fact.object, candidate.object)
+            ):
                 return Verdict(Decision.CONFLICT, fact, reason="negates")
         return Verdict(Decision.ADD, reason="negation of nothing stored")
+    if candidate.planned:
+        # A plan never replaces a current value; the same plan said again reinforces it.
+        for fact in same_predicate:
+            if fact.predicate == predicate and _same(fact.object, candidate.object):
+                return Verdict(Decision.NOOP, fact, reason="same plan")
+        return Verdict(Decision.ADD, reason="plan")
     if candidate.historical:
         current = HISTORICAL_OF.get(predicate)
         for fact in same_predicate:
@@ -70,6 +106,7 @@ def classify(
             if (
                 current is not None
                 and fact.predicate == current
+                and _same(fact.subject, candidate.subject)
                 and _same(fact.object, candidate.object)
             ):
                 return Verdict(Decision.CONFLICT, fact, reason="now historical")
@@ -78,16 +115,22 @@ def classify(
         return Verdict(Decision.ADD, reason="historical")
     if predicate in SINGLE_VALUED:
         for fact in same_predicate:
-            if fact.predicate != predicate:
+            if fact.predicate != predicate or not _same(fact.subject, candidate.subject):
                 continue
             if _same(fact.object, candidate.object):
                 return Verdict(Decision.NOOP, fact, reason="same value")
-            return Verdict(Decision.UPDATE, fact, reason="new value of a single-valued fact")
+            if may_supersede(candidate, fact):
+                return Verdict(Decision.UPDATE, fact, reason="new value of a single-valued fact")
     else:
         for fact in same_predicate:
-            if fact.predicate == predicate and _same(fact.object, candidate.object):
-                if _opposite(candidate, fact):
-                    return Verdict(Decision.CONFLICT, fact, reason="reversed")
+            if not _same(fact.object, candidate.object) or not _same(
+                fact.subject, candidate.subject
+            ):
+                continue
+            if fact.predicate == OPPOSITE.get(predicate):
+                # "I don't like coffee anymore" ends "likes coffee".
+                return Verdict(Decision.CONFLICT, fact, reason="reversed")
+            if fact.predicate == predicate:
                 return Verdict(Decision.NOOP, fact, reason="same value")
     best = max(nearest, key=lambda f: f.similarity, default=None)
     if best is None or best.similarity < thresholds.dedup_lower:
@@ -97,8 +140,52 @@ def classify(
     return Verdict(Decision.ADD, best, gray=True, reason="gray zone")
 
 
-def _opposite(candidate: CandidateFact, fact: ExistingFact) -> bool:
-    return {candidate.predicate, fact.predicate} == {"likes", "dislikes"}
+def may_supersede(candidate: CandidateFact, target: ExistingFact) -> bool:
+    """Whether a candidate may retire a stored fact as its new value (an UPDATE): only a
+    current, affirmative, certain statement of the same single-valued predicate about the
+    same subject. Whatever a model or a similarity says, nothing else replaces a fact."""
+    return (
+        candidate.predicate in SINGLE_VALUED
+        and candidate.predicate == target.predicate
+        and _same(candidate.subject, target.subject)
+        and not _same(candidate.object, target.object)
+        and not (candidate.negated or candidate.historical or candidate.planned)
+        and candidate.confidence >= CERTAIN
+        and not _said_before(candidate, target)
+    )
+
+
+def _said_before(candidate: CandidateFact, target: ExistingFact) -> bool:
+    """An older conversation ingested late: what was said then is not news about now."""
+    return (
+        candidate.valid_from is not None
+        and target.valid_from is not None
+        and candidate.valid_from < target.valid_from
+    )
+
+
+def may_conflict(candidate: CandidateFact, target: ExistingFact) -> bool:
+    """Whether a candidate may end a stored fact (a CONFLICT): a statement about the same
+    subject and predicate; a negation must name the same value."""
+    if not candidate.predicate or candidate.predicate != target.predicate:
+        return False
+    if not _same(candidate.subject, target.subject) or candidate.planned:
+        return False
+    if _said_before(candidate, target):
+        return False
+    return not candidate.negated or _same(candidate.object, target.object)
+
+
+def guard_decision(
+    candidate: CandidateFact, target: ExistingFact, result: DecisionResult
+) -> DecisionResult:
+    """A decider's answer held to the never-corrupt rules: an UPDATE or CONFLICT the rules do
+    not allow becomes an ADD (keeping both is recoverable; retiring a true fact is not)."""
+    if result.decision is Decision.UPDATE and not may_supersede(candidate, target):
+        return DecisionResult(Decision.ADD, reason=f"kept both: {result.reason}"[:200])
+    if result.decision is Decision.CONFLICT and not may_conflict(candidate, target):
+        return DecisionResult(Decision.ADD, reason=f"kept both: {result.reason}"[:200])
+    return result
 
 
 def rules_decision(candidate: CandidateFact, nearest: ExistingFact) -> DecisionResult:
@@ -107,9 +194,13 @@ def rules_decision(candidate: CandidateFact, nearest: ExistingFact) -> DecisionR
     Adding is the safe default: a wrong ADD is a near-duplicate a later pass can merge; a
     wrong UPDATE silently retires a true fact.
     """
-    if candidate.predicate and nearest.predicate == candidate.predicate:
+    if (
+        candidate.predicate
+        and nearest.predicate == candidate.predicate
+        and _same(nearest.subject, candidate.subject)
+    ):
         if _same(nearest.object, candidate.object):
             return DecisionResult(Decision.NOOP, nearest.memory_id, reason="same triple")
-        if candidate.predicate in SINGLE_VALUED and not candidate.historical:
+        if may_supersede(candidate, nearest):
             return DecisionResult(Decision.UPDATE, nearest.memory_id, reason="single-valued")
     return DecisionResult(Decision.ADD, reason="rules: distinct enough")

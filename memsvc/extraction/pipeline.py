@@ -29,8 +29,15 @@ from memsvc.extraction.base import (
     Turn,
 )
 from memsvc.extraction.gate import is_phatic
-from memsvc.extraction.guardrails import Thresholds, Verdict, classify, passes_floor, rules_decision
-from memsvc.extraction.rules import HISTORICAL_OF
+from memsvc.extraction.guardrails import (
+    Thresholds,
+    Verdict,
+    classify,
+    guard_decision,
+    passes_floor,
+    rules_decision,
+)
+from memsvc.extraction.predicates import HISTORICAL_OF, OPPOSITE
 from memsvc.governance.guard import PiiGuard
 from memsvc.governance.pii import Screened
 from memsvc.memories.compaction import CoreCompactor
@@ -342,12 +349,14 @@ class ExtractionPipeline:
     def _screen(
         self, facts: Sequence[CandidateFact], kept: Sequence[Turn], outcome: Outcome
     ) -> list[CandidateFact]:
-        """Closed vocabularies, the per-episode cap and the confidence floor, in that order."""
-        kept_ids = {t.message_id for t in kept}
+        """Closed vocabularies, the per-episode cap and the confidence floor, in that order.
+        A fact is valid from when it was said (its latest source message's ``sent_at``)
+        unless the extractor names another date: never from when it was ingested."""
+        sent_at = {t.message_id: t.sent_at for t in kept}
         screened: list[CandidateFact] = []
         for fact in facts:
             content = normalize_content(fact.content)[:2_000]
-            sources = tuple(s for s in fact.source_message_ids if s in kept_ids)
+            sources = tuple(s for s in fact.source_message_ids if s in sent_at)
             if (
                 not content
                 or fact.role not in self._settings.roles
@@ -364,7 +373,13 @@ class ExtractionPipeline:
                 outcome.dropped_by_gates += 1
                 continue
             screened.append(
-                replace(fact, content=content, confidence=confidence, source_message_ids=sources)
+                replace(
+                    fact,
+                    content=content,
+                    confidence=confidence,
+                    source_message_ids=sources,
+                    valid_from=fact.valid_from or max(sent_at[s] for s in sources),
+                )
             )
         return screened
 
@@ -425,6 +440,8 @@ class ExtractionPipeline:
             if self._settings.goal_role in self._settings.roles
             else "context"
         )
+        # A session goal holds from the speaker's last turn (the end of the session).
+        said = max((t.sent_at for t in speaker.turns), default=None)
         return [
             CandidateFact(
                 content=f"Goal: {normalize_content(goal)[:300]}",
@@ -434,6 +451,7 @@ class ExtractionPipeline:
                 source_message_ids=(),
                 predicate="goal",
                 object=normalize_content(goal).lower()[:300],
+                valid_from=said,
             )
             for goal in speaker.goals
             if normalize_content(goal)
@@ -453,6 +471,8 @@ class ExtractionPipeline:
         predicates = [candidate.predicate]
         if candidate.historical and candidate.predicate in HISTORICAL_OF:
             predicates.append(HISTORICAL_OF[candidate.predicate])
+        if candidate.predicate in OPPOSITE:
+            predicates.append(OPPOSITE[candidate.predicate])
         verdict = classify(
             candidate,
             exact=await store.exact_active(conn, scope, digest),
@@ -499,7 +519,7 @@ class ExtractionPipeline:
             old = await memories.get_visible(conn, scope, verdict.target.memory_id, for_update=True)
         if old is not None and old.invalid_at is None:
             new_id = uuid.uuid4()
-            await memories.mark_superseded(conn, old, new_id)
+            await memories.mark_superseded(conn, old, new_id, invalid_at=candidate.valid_from)
             record, _ = await memories.insert_or_reinforce(
                 conn,
                 scope,
@@ -540,6 +560,7 @@ class ExtractionPipeline:
             result.decision is not Decision.ADD and result.target_id != verdict.target.memory_id
         ):
             result = rules_decision(candidate, verdict.target)
+        result = guard_decision(candidate, verdict.target, result)
         return Verdict(result.decision, verdict.target, reason=result.reason or "gray zone")
 
 

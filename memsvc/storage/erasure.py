@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import asyncpg
 
-from memsvc.extraction.rules import TOPIC_OF_PREDICATE
+from memsvc.extraction.predicates import TOPIC_OF_PREDICATE
 from memsvc.memories.model import Scope
 from memsvc.storage import messages
 from memsvc.storage.extraction import lock_user
@@ -169,7 +169,8 @@ async def _rewrite_episodes(
             tenant,
             user,
             episode_id,
-            "Said: " + "; ".join(r["content"] for r in remaining),
+            # Facts are standalone sentences: together they are the summary that is left.
+            " ".join(r["content"] for r in remaining),
         )
         # Topics the erased facts alone fed. Known only when every remaining fact's predicate
         # maps to a topic (the rules extractor's); otherwise every topic edge is kept.

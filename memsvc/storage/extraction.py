@@ -70,7 +70,7 @@ async def run_outcome(
     return value
 
 
-_FACT_COLUMNS = "memory_id, content, subject, predicate, object"
+_FACT_COLUMNS = "memory_id, content, subject, predicate, object, valid_from"
 
 
 def _existing(row: asyncpg.Record, similarity: float = 1.0) -> ExistingFact:
@@ -81,6 +81,7 @@ def _existing(row: asyncpg.Record, similarity: float = 1.0) -> ExistingFact:
         predicate=row["predicate"],
         object=row["object"],
         similarity=similarity,
+        valid_from=row["valid_from"],
     )
 
 

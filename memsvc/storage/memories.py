@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -204,15 +205,26 @@ async def get_visible(
     return record_from_row(row) if row is not None else None
 
 
-async def mark_superseded(conn: asyncpg.Connection, old: MemoryRecord, new_id: uuid.UUID) -> None:
-    """Close the validity of an old version: it stays for history but stops matching reads."""
+async def mark_superseded(
+    conn: asyncpg.Connection,
+    old: MemoryRecord,
+    new_id: uuid.UUID,
+    *,
+    invalid_at: datetime | None = None,
+) -> None:
+    """Close the validity of an old version: it stays for history but stops matching reads.
+
+    `invalid_at`: when it stopped being true (the time the user said so); now by default. It
+    is never before the old version's own `valid_from`."""
     await conn.execute(
-        "UPDATE memories SET invalid_at = now(), status = 'superseded', superseded_by_id = $4"
+        "UPDATE memories SET invalid_at = greatest(valid_from, coalesce($5, now())),"
+        " status = 'superseded', superseded_by_id = $4"
         " WHERE tenant_id = $1 AND user_id = $2 AND memory_id = $3",
         old.scope.tenant_id,
         old.scope.user_id,
         old.memory_id,
         new_id,
+        invalid_at,
     )
 
 

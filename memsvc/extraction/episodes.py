@@ -1,0 +1,77 @@
+"""An episode's title and summary: what the user talked about, when, in sentences."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+from spacy.tokens import Doc
+
+from memsvc.extraction.base import CandidateEpisode, CandidateFact, Turn
+from memsvc.extraction.dates import day_text
+
+# Noun heads that name nothing a person would look an episode up by.
+_VAGUE = frozenset(
+    {"thing", "things", "lot", "time", "way", "bit", "stuff", "kind", "sort", "one", "day"}
+    | {"idea", "point", "question", "thanks", "today", "everything", "something", "anything"}
+    | {"nothing", "people", "guy", "guys", "fun", "sure", "part", "lol", "haha", "wow", "hey"}
+)
+_DROP = frozenset({"DET", "PRON", "PUNCT", "SPACE", "CCONJ", "ADP"})
+_MAX_SUMMARY_FACTS = 6
+
+
+def _subjects(docs: Sequence[Doc]) -> list[str]:
+    """The things talked about, most mentioned first: noun chunks and names, bare."""
+    counts: Counter[str] = Counter()
+    first: dict[str, int] = {}
+    position = 0
+    for doc in docs:
+        for chunk in doc.noun_chunks:
+            position += 1
+            if chunk.root.pos_ in ("PRON", "NUM") or chunk.root.lemma_.lower() in _VAGUE:
+                continue
+            if chunk.root.ent_type_ in ("DATE", "TIME", "CARDINAL", "ORDINAL", "PERSON"):
+                continue
+            words = [t.text for t in chunk if t.pos_ not in _DROP and t.dep_ != "poss"]
+            words = [w for w in words if w.lower() not in ("so", "such", "really", "very")]
+            if not words:
+                continue
+            key = " ".join(words)
+            counts[key.lower()] += 1 + (len(words) > 1)
+            first.setdefault(key.lower(), position)
+    ranked = sorted(counts, key=lambda k: (-counts[k], first[k]))
+    return ranked
+
+
+def _join(items: Sequence[str]) -> str:
+    if len(items) <= 1:
+        return "".join(items)
+    return ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def summarize(
+    turns: Sequence[Turn], facts: Sequence[CandidateFact], docs: Sequence[Doc]
+) -> CandidateEpisode:
+    """Title: the two most talked-about things and the date; summary: who talked about what
+    and when, then the facts learned (events first)."""
+    when = day_text(min(t.sent_at for t in turns))
+    subjects = _subjects(docs)[:3]
+    if subjects:
+        title = f"The user on {_join(subjects[:2])}, {when}"
+        opening = f"On {when}, the user talked about {_join(subjects)}."
+    else:
+        title = f"Conversation with the user, {when}"
+        opening = f"On {when}, the user had a short conversation."
+    ordered = sorted(facts, key=lambda f: (f.category != "event", f.predicate != ""))
+    told = " ".join(f.content for f in ordered[:_MAX_SUMMARY_FACTS])
+    summary = f"{opening} {told}".strip()
+    first = next((t for t in turns if t.text.strip()), turns[0])
+    excerpt = first.text.strip()
+    if len(excerpt) > 200:
+        excerpt = excerpt[:199].rstrip() + "…"
+    return CandidateEpisode(
+        title=title[:120],
+        summary=summary[:1_000],
+        excerpt=excerpt,
+        source_message_ids=tuple(t.message_id for t in turns),
+    )

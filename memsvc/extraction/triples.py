@@ -1,0 +1,577 @@
+"""Subject-predicate-object triples of profile facts, read off a statement's dependency parse.
+
+name, home, work, occupation, diet, allergies, family and pets, likes and dislikes, origin,
+age, relationship status and plans. A triple is proposed only when the parse leaves no doubt
+about whom it is of: another person's attribute is theirs ("user's mom" lives in Chicago),
+an adjective or a nationality is never a name, and a plan is never a current value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from spacy.tokens import Span, Token
+
+from memsvc.extraction.predicates import DIETS, JOBS, NOT_NAMES, PETS, RELATIVES, REQUEST_VERBS
+from memsvc.extraction.sentences import Statement, lemma
+
+_NOT_NAME_ENTS = frozenset({"NORP", "DATE", "TIME", "GPE", "LOC", "CARDINAL", "ORDINAL"})
+_STATUSES = frozenset({"married", "divorced", "single", "engaged", "widowed", "separated"})
+_LIKE = {"like": "likes", "love": "likes", "enjoy": "likes", "adore": "likes", "prefer": "likes"}
+_DISLIKE = {"hate": "dislikes", "dislike": "dislikes", "detest": "dislikes", "loathe": "dislikes"}
+_QUIT = frozenset({"quit", "leave", "resign", "stop", "lose", "retire"})
+
+
+@dataclass(frozen=True)
+class Triple:
+    """One profile fact. `canonical` is its own standalone sentence, used when the statement's
+    sentence says something else first."""
+
+    subject: str
+    predicate: str
+    object: str
+    canonical: str
+    negated: bool = False
+    historical: bool = False
+    planned: bool = False
+
+
+def _lower(t: Token) -> str:
+    return t.lower_.replace("\u2019", "'")
+
+
+def _phrase(token: Token) -> str:
+    """A noun with its modifiers, without relative clauses or trailing prepositions."""
+    keep = {"compound", "amod", "nummod", "flat", "nmod", "poss", "case", "quantmod", "conj", "cc"}
+    words = [token]
+    for child in token.children:
+        if child.dep_ in keep:
+            words.extend(child.subtree)
+    words = sorted(set(words), key=lambda t: t.i)
+    text = " ".join(w.text for w in words if _lower(w) not in ("my", "our"))
+    return text.replace(" 's", "'s").strip()
+
+
+def _entity_or_phrase(token: Token) -> str:
+    ent = next((e for e in token.doc.ents if e.start <= token.i < e.end), None)
+    if ent is not None and ent.label_ in ("GPE", "LOC", "ORG", "FAC", "PERSON", "NORP"):
+        return ent.text
+    return _phrase(token)
+
+
+def _children(token: Token, *deps: str) -> list[Token]:
+    return [c for c in token.children if c.dep_ in deps]
+
+
+def _pobj(token: Token, *preps: str) -> Token | None:
+    for prep in _children(token, "prep"):
+        if _lower(prep) in preps:
+            obj = next(iter(_children(prep, "pobj")), None)
+            if obj is not None:
+                return obj
+    return None
+
+
+def _word(token: Token) -> str:
+    return token.text.rstrip(".")
+
+
+def _is_name(token: Token, *, strict: bool = True) -> bool:
+    """A word that can be a name. `strict` also refuses what the entity recogniser calls a
+    place or an organisation; after "call me" or "I'm" the small model often labels first
+    names so ("Marcus", "Mo"), and the construction itself says it is a name."""
+    if _lower(token).rstrip(".") in NOT_NAMES or token.pos_ in (
+        "ADJ",
+        "ADV",
+        "VERB",
+        "PRON",
+        "NUM",
+    ):
+        return False
+    ent = next((e for e in token.doc.ents if e.start <= token.i < e.end), None)
+    refused = _NOT_NAME_ENTS if strict else frozenset({"NORP", "DATE", "TIME", "CARDINAL"})
+    if ent is not None and ent.label_ in refused:
+        return False
+    word = _word(token).replace("-", "").replace("'", "")
+    return word.isalpha() and len(word) > 1
+
+
+def _name_text(token: Token) -> str:
+    parts = [
+        t for t in token.subtree if t.pos_ in ("PROPN", "NOUN") and t.dep_ in ("compound", "flat")
+    ]
+    words = sorted({token, *parts}, key=lambda t: t.i)
+    text = " ".join(w.text[:1].upper() + w.text[1:] for w in words)
+    return text[:-1] if text.endswith(".") and not text.endswith("Dr.") else text
+
+
+def _user_subject(s: Statement) -> bool:
+    return s.subject == "user"
+
+
+def _relation(s: Statement) -> str:
+    return s.subject.removeprefix("user's ")
+
+
+def _poss_relatives(sent: Span) -> list[tuple[Token, Token]]:
+    """'my wife Ana', 'a puppy named Biscuit', 'my dog's name is Rex': (relation, name)."""
+    pairs: list[tuple[Token, Token]] = []
+    for t in sent:
+        lem = lemma(t)
+        if t.pos_ != "NOUN" or (lem not in RELATIVES and lem not in PETS):
+            continue
+        for c in t.children:
+            if c.dep_ == "appos" and c.pos_ == "PROPN" and _is_name(c):
+                pairs.append((t, c))
+                pairs.extend((t, g) for g in c.children if g.dep_ == "conj" and _is_name(g))
+            if c.dep_ == "acl" and lemma(c) in ("name", "call"):
+                pairs.extend(
+                    (t, g) for g in c.children if g.dep_ in ("oprd", "attr") and _is_name(g)
+                )
+    return pairs
+
+
+def _owned(noun: Token) -> bool:
+    """The noun is the user's: "my wife", or the object of the user's have/adopt/get."""
+    if any(_lower(c) in ("my", "our") for c in noun.children if c.dep_ == "poss"):
+        return True
+    head = noun.head
+    if noun.dep_ == "dobj" and lemma(head) in ("have", "adopt", "get", "rescue", "buy"):
+        return any(_lower(c) in ("i", "we") for c in head.children if c.dep_ == "nsubj")
+    return False
+
+
+def family_names(s: Statement) -> list[Triple]:
+    triples: list[Triple] = []
+    for rel, name in _poss_relatives(s.sent):
+        if not _owned(rel):
+            continue
+        relation = lemma(rel)
+        pet = relation in PETS
+        who = _name_text(name)
+        triples.append(
+            Triple(
+                "user",
+                "pet" if pet else "family",
+                f"{relation}:{who}",
+                f"The user's {relation} is named {who}.",
+            )
+        )
+    return triples
+
+
+def _named_relation(s: Statement) -> list[Triple]:
+    """'my son is Tom', 'my daughter is named Maya', 'my dog's name is Rex'."""
+    root = s.root
+    subj = next(iter(_children(root, "nsubj", "nsubjpass")), None)
+    if subj is None:
+        return []
+    rel = subj
+    if lemma(subj) == "name":
+        rel = next((c for c in subj.children if c.dep_ == "poss" and c.pos_ == "NOUN"), subj)
+    relation = lemma(rel)
+    if rel is subj and lemma(subj) == "name":
+        return []
+    if (relation not in RELATIVES and relation not in PETS) or not _owned(rel):
+        return []
+    value = None
+    if lemma(root) == "be":
+        value = next((c for c in _children(root, "attr") if c.pos_ == "PROPN"), None)
+        if value is None and subj is not rel:
+            value = next(iter(_children(root, "attr")), None)
+    elif lemma(root) in ("name", "call") and subj.dep_ == "nsubjpass":
+        value = next(iter(_children(root, "oprd", "attr")), None)
+    if value is None or not _is_name(value) or s.negated:
+        return []
+    who = _name_text(value)
+    return [
+        Triple(
+            "user",
+            "pet" if relation in PETS else "family",
+            f"{relation}:{who}",
+            f"The user's {relation} is named {who}.",
+        )
+    ]
+
+
+def _name(s: Statement) -> list[Triple]:
+    root = s.root
+    lem = lemma(root)
+    value: Token | None = None
+    subj = next(iter(_children(root, "nsubj")), None)
+    if lem == "be" and subj is not None and lemma(subj) == "name":
+        owner = next((c for c in subj.children if c.dep_ == "poss"), None)
+        if owner is not None and _lower(owner) == "my":
+            value = next(iter(_children(root, "attr")), None)
+    elif lem == "call" and any(_lower(c) == "me" for c in _children(root, "dobj")):
+        value = next(iter(_children(root, "oprd", "attr", "npadvmod", "appos", "xcomp")), None)
+        if value is None:
+            # "call me Liz" is sometimes parsed with the name as a second object.
+            objs = [c for c in _children(root, "dobj") if _lower(c) != "me"]
+            value = objs[0] if objs else None
+    elif lem == "go" and _user_subject(s):
+        value = _pobj(root, "by")
+    elif lem == "be" and subj is not None and _lower(subj) == "i" and root.tag_ in ("VBP", "VBZ"):
+        # "hi, I'm Marcus": a proper noun, alone, as the complement (the small model often
+        # labels a first name as a place, so the label is not asked for).
+        attr = next(iter(_children(root, "attr")), None)
+        bare = attr is not None and not any(
+            c.dep_ in ("poss", "det", "case") for c in attr.children
+        )
+        if attr is not None and bare and attr.pos_ == "PROPN" and attr.ent_type_ != "NORP":
+            value = attr
+    if value is None or s.negated or s.planned:
+        return []
+    if not _is_name(value, strict=lem not in ("be", "call")):
+        return []
+    if any(c.dep_ == "det" for c in value.children):
+        return []  # "call me a taxi"
+    if lem == "call" and value.pos_ != "PROPN" and value.ent_type_ != "PERSON":
+        return []  # "call me crazy"
+    name = _name_text(value)
+    return [Triple("user", "name", name, f"The user's name is {name}.")]
+
+
+def _place_and_work(s: Statement) -> list[Triple]:
+    root = s.root
+    lem = lemma(root)
+    triples: list[Triple] = []
+    verb = root
+    if s.historical or lem in ("plan", "want", "hope", "intend", "go", "decide"):
+        verb = next(iter(_children(root, "xcomp")), root)
+    vlemma = lemma(verb)
+    past = verb.tag_ == "VBD" or s.historical
+    who = s.subject
+    of = "The user" if who == "user" else f"The {who}"
+    if vlemma == "live":
+        place = _pobj(verb, "in")
+        if place is not None:
+            x = _entity_or_phrase(place)
+            if s.planned:
+                triples.append(
+                    Triple(
+                        who, "plans", f"live in {x}", f"{of} plans to live in {x}.", planned=True
+                    )
+                )
+            elif s.negated:
+                triples.append(
+                    Triple(who, "lives_in", x, f"{of} no longer lives in {x}.", negated=True)
+                )
+            elif past:
+                triples.append(
+                    Triple(who, "lived_in", x, f"{of} used to live in {x}.", historical=True)
+                )
+            else:
+                triples.append(Triple(who, "lives_in", x, f"{of} lives in {x}."))
+    elif vlemma in ("move", "relocate"):
+        place = _pobj(verb, "to")
+        if place is not None and not s.negated:
+            x = _entity_or_phrase(place)
+            if s.planned or verb is not root:
+                triples.append(
+                    Triple(
+                        who, "plans", f"move to {x}", f"{of} plans to move to {x}.", planned=True
+                    )
+                )
+            else:
+                triples.append(Triple(who, "lives_in", x, f"{of} lives in {x}."))
+    elif vlemma == "work":
+        org = _pobj(verb, "at", "for")
+        role = _pobj(verb, "as")
+        if org is not None:
+            x = _entity_or_phrase(org)
+            if s.planned:
+                triples.append(
+                    Triple(
+                        who, "plans", f"work at {x}", f"{of} plans to work at {x}.", planned=True
+                    )
+                )
+            elif s.negated:
+                triples.append(
+                    Triple(who, "works_at", x, f"{of} no longer works at {x}.", negated=True)
+                )
+            elif past:
+                triples.append(
+                    Triple(who, "worked_at", x, f"{of} used to work at {x}.", historical=True)
+                )
+            else:
+                triples.append(Triple(who, "works_at", x, f"{of} works at {x}."))
+        if role is not None and not s.planned and not s.negated:
+            x = _phrase(role).lower()
+            pred, hist = ("was", True) if past else ("occupation", False)
+            text = f"{of} used to work as {_a(x)}." if past else f"{of} works as {_a(x)}."
+            triples.append(Triple(who, pred, x, text, historical=hist))
+    # "a job at Siemens" with the user's get / start / land / move, or quitting one.
+    for t in s.sent:
+        if lemma(t) != "job" or who != "user":
+            continue
+        org = _pobj(t, "at", "with", "for") or (
+            _pobj(t.head, "at", "with") if t.dep_ == "dobj" else None
+        )
+        if org is None or org.pos_ not in ("PROPN", "NOUN"):
+            continue
+        x = _entity_or_phrase(org)
+        head = t.head if t.dep_ in ("dobj", "pobj") else t
+        if head.dep_ == "prep":
+            head = head.head
+        hlemma = lemma(head)
+        if hlemma in _QUIT or s.negated:
+            triples.append(
+                Triple(who, "works_at", x, f"The user no longer works at {x}.", negated=True)
+            )
+        elif not s.planned and hlemma in (
+            "get",
+            "land",
+            "start",
+            "take",
+            "accept",
+            "have",
+            "move",
+            "begin",
+            "find",
+        ):
+            triples.append(Triple(who, "works_at", x, f"The user works at {x}."))
+    # "yesterday was my last day at Accenture"
+    for t in s.sent:
+        if lemma(t) == "day" and any(_lower(c) == "last" for c in t.children) and who == "user":
+            org = _pobj(t, "at", "with")
+            if org is not None and org.pos_ == "PROPN" and not s.planned:
+                x = _entity_or_phrase(org)
+                triples.append(
+                    Triple(who, "works_at", x, f"The user no longer works at {x}.", negated=True)
+                )
+    if vlemma in _QUIT and who == "user":
+        obj = next(iter(_children(verb, "dobj")), None)
+        if obj is not None and obj.pos_ == "PROPN":
+            x = _entity_or_phrase(obj)
+            triples.append(
+                Triple(who, "works_at", x, f"The user no longer works at {x}.", negated=True)
+            )
+    return triples
+
+
+def _allergen(allergic: Token) -> str:
+    """What follows "allergic to", however the small model attached it."""
+    words: list[str] = []
+    started = False
+    for t in allergic.doc[allergic.i + 1 : allergic.sent.end]:
+        if not started:
+            if _lower(t) == "to":
+                started = True
+                continue
+            return ""
+        if t.is_punct or t.dep_ in ("cc", "neg") or _lower(t) in ("and", "but", "so", "not"):
+            break
+        if words and t.pos_ in ("ADP", "ADV", "AUX", "PRON", "SCONJ", "PART"):
+            break
+        words.append(t.text)
+    return " ".join(w for w in words if w.lower() not in ("my", "our")).strip()
+
+
+def _a(x: str) -> str:
+    return f"{'an' if x[:1] in 'aeiou' else 'a'} {x}"
+
+
+def _being(s: Statement) -> list[Triple]:
+    """be + complement: occupation, diet, allergy, origin, age, relationship status."""
+    root = s.root
+    verb = root
+    stopped = False
+    if lemma(root) in ("stop", "quit") and _children(root, "xcomp"):
+        verb = _children(root, "xcomp")[0]
+        stopped = True
+    if lemma(verb) not in ("be", "become", "go", "turn"):
+        return []
+    who = s.subject
+    of = "The user" if who == "user" else f"The {who}"
+    negated = s.negated or stopped
+    triples: list[Triple] = []
+    complements = _children(verb, "attr", "acomp", "dobj", "oprd")
+    if stopped:
+        complements = _children(verb, "attr", "acomp", "dobj", "oprd") or _children(root, "dobj")
+    for comp in complements:
+        if any(c.dep_ == "neg" for c in comp.children) and comp.i > verb.i + 1:
+            continue  # "pescatarian, not vegetarian": the corrected-away value
+        word = lemma(comp) if comp.pos_ == "NOUN" else _lower(comp)
+        compound = "-".join(
+            [_lower(c) for c in comp.children if c.dep_ in ("compound", "amod", "npadvmod")]
+            + [word]
+        )
+        diet = word if word in DIETS else compound if compound in DIETS else None
+        if diet is not None:
+            if negated:
+                triples.append(
+                    Triple(who, "diet", diet, f"{of} is no longer {diet}.", negated=True)
+                )
+            elif s.historical or (verb.tag_ == "VBD" and lemma(verb) == "be"):
+                triples.append(
+                    Triple(who, "diet", diet, f"{of} used to be {diet}.", historical=True)
+                )
+            elif not s.planned:
+                triples.append(Triple(who, "diet", diet, f"{of} is {diet}."))
+            continue
+        if word == "allergic":
+            x = _allergen(comp)
+            if x and negated:
+                triples.append(
+                    Triple(who, "allergy", x.lower(), f"{of} is not allergic to {x}.", negated=True)
+                )
+            elif x:
+                triples.append(Triple(who, "allergy", x.lower(), f"{of} is allergic to {x}."))
+            continue
+        if comp.ent_type_ == "NORP" and not negated and not s.planned:
+            x = comp.text[:1].upper() + comp.text[1:]
+            triples.append(Triple(who, "nationality", x, f"{of} is {x}."))
+            continue
+        if word in _STATUSES and not negated and not s.planned:
+            triples.append(Triple(who, "relationship_status", word, f"{of} is {word}."))
+            continue
+        if comp.pos_ == "NOUN" and word in JOBS and not s.planned and who == "user":
+            x = _phrase(comp).lower()
+            if negated:
+                triples.append(
+                    Triple(who, "occupation", x, f"{of} is no longer {_a(x)}.", negated=True)
+                )
+            elif s.historical or verb.tag_ == "VBD":
+                triples.append(Triple(who, "was", x, f"{of} used to be {_a(x)}.", historical=True))
+            else:
+                triples.append(Triple(who, "occupation", x, f"{of} works as {_a(x)}."))
+            continue
+        present_main = verb.tag_ in ("VBP", "VBZ") and verb.dep_ in ("ROOT", "conj")
+        if (word == "old" or comp.pos_ == "NUM") and present_main and not s.planned:
+            num = next((t for t in comp.subtree if t.like_num), None) if word == "old" else comp
+            if num is not None and num.text.isdigit() and not negated and who == "user":
+                triples.append(Triple(who, "age", num.text, f"{of} is {num.text} years old."))
+    origin = _pobj(verb, "from")
+    if origin is not None and lemma(verb) == "be" and not negated:
+        x = _entity_or_phrase(origin)
+        if origin.pos_ == "PROPN":
+            triples.append(Triple(who, "origin", x, f"{of} is from {x}."))
+    return triples
+
+
+def _grew_up(s: Statement) -> list[Triple]:
+    root = s.root
+    lem = lemma(root)
+    place = None
+    grew_up = lem == "grow" and any(_lower(c) == "up" for c in root.children)
+    if grew_up or (lem == "bear" and root.tag_ == "VBN"):
+        place = _pobj(root, "in")
+    if place is None or place.pos_ != "PROPN" or s.negated:
+        return []
+    of = "The user" if s.subject == "user" else f"The {s.subject}"
+    x = _entity_or_phrase(place)
+    return [Triple(s.subject, "origin", x, f"{of} is from {x}.")]
+
+
+def _likes(s: Statement) -> list[Triple]:
+    root = s.root
+    lem = lemma(root)
+    if s.planned or (lem not in _LIKE and lem not in _DISLIKE):
+        return []
+    aux = {_lower(c) for c in root.children if c.dep_ == "aux"}
+    if aux & {"'d", "would"}:
+        return []
+    obj = next(iter(_children(root, "dobj", "xcomp", "ccomp")), None)
+    if obj is None or obj.pos_ == "PRON" or _lower(obj) in ("it", "that", "this", "them"):
+        return []
+    if obj.dep_ == "xcomp" and lemma(obj) in REQUEST_VERBS:
+        return []
+    text = " ".join(t.text for t in obj.subtree if _lower(t) not in ("my", "our"))
+    text = text.replace(" 's", "'s").strip(" ,.")
+    if not text or len(text) > 80:
+        return []
+    disliked = lem in _DISLIKE or s.negated
+    predicate = "dislikes" if disliked else "likes"
+    of = "The user" if s.subject == "user" else f"The {s.subject}"
+    verb = "dislikes" if disliked else "likes"
+    return [Triple(s.subject, predicate, text.lower(), f"{of} {verb} {text}.")]
+
+
+def _plans(s: Statement) -> list[Triple]:
+    """A plan or goal of the user that no other rule named."""
+    if not s.planned or s.negated or s.subject != "user":
+        return []
+    root = s.root
+    action = next(iter(_children(root, "xcomp")), root)
+    if lemma(action) in REQUEST_VERBS or lemma(action) == "be":
+        return []
+    dated = {
+        t.i
+        for t in action.subtree
+        if t.ent_type_ in ("DATE", "TIME")
+        or (t.dep_ == "prep" and any(c.ent_type_ in ("DATE", "TIME") for c in t.children))
+    }
+    words = [action.lemma_] + [
+        t.text for t in action.subtree if t.i > action.i and t.i not in dated
+    ]
+    text = " ".join(w for w in words if w.lower() not in ("my", "our")).strip(" ,.!")
+    text = text.replace(" 's", "'s")
+    if len(text.split()) < 2 or len(text) > 100:
+        return []
+    return [Triple("user", "plans", text.lower(), f"The user plans to {text}.", planned=True)]
+
+
+_MULTI_VALUED_CORRECTABLE = frozenset({"allergy", "family", "pet", "likes", "dislikes"})
+
+
+def _corrected_away(s: Statement, found: list[Triple]) -> list[Triple]:
+    """ "Actually I'm allergic to shellfish, not peanuts": the value named after "not" is
+    ended too. A single-valued predicate needs nothing more (its new value replaces the old);
+    for a many-valued one the old value gets a negated triple of its own."""
+    olds = [
+        s.sent.doc[t.i + 1]
+        for t in s.sent
+        if _lower(t) == "not"
+        and t.i + 1 < s.sent.end
+        and t.i > s.sent.start
+        and s.sent.doc[t.i - 1].is_punct
+        and s.sent.doc[t.i + 1].pos_ in ("NOUN", "PROPN", "NUM", "ADJ")
+    ]
+    extra: list[Triple] = []
+    for old in olds:
+        value = old.text
+        for triple in found:
+            if triple.predicate not in _MULTI_VALUED_CORRECTABLE or triple.negated:
+                continue
+            relation, _, name = triple.object.partition(":")
+            obj = f"{relation}:{value}" if name else value.lower()
+            if obj.casefold() == triple.object.casefold():
+                continue
+            extra.append(
+                Triple(
+                    triple.subject,
+                    triple.predicate,
+                    obj,
+                    _denial(triple, relation if name else "", value),
+                    negated=True,
+                )
+            )
+            break
+    return extra
+
+
+def _denial(triple: Triple, relation: str, value: str) -> str:
+    """The standalone sentence of a corrected-away value."""
+    of = "The user" if triple.subject == "user" else f"The {triple.subject}"
+    if relation:
+        return f"{of}'s {relation} is not named {value}."
+    if triple.predicate == "allergy":
+        return f"{of} is not allergic to {value}."
+    verb = "like" if triple.predicate == "likes" else "dislike"
+    return f"{of} does not {verb} {value}."
+
+
+def triples_of(s: Statement) -> list[Triple]:
+    """Every triple of a statement, the one its own sentence states first."""
+    found: list[Triple] = []
+    for rule in (_name, _named_relation, _place_and_work, _being, _grew_up, _likes):
+        found.extend(rule(s))
+    found.extend(_corrected_away(s, found))
+    if not any(t.planned for t in found):
+        found.extend(_plans(s))
+    found.extend(family_names(s))
+    unique: dict[tuple[str, str, str], Triple] = {}
+    for t in found:
+        unique.setdefault((t.subject, t.predicate, t.object.casefold()), t)
+    return list(unique.values())
