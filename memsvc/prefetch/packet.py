@@ -96,11 +96,19 @@ def confidence_label(confidence: float) -> str:
     return "doubtful"
 
 
+def said_at(record: MemoryRecord) -> datetime:
+    """When an extracted fact was said: its ``valid_from``, which extraction sets from the
+    source message's ``sent_at`` (not the ingestion time, which may be days later). A
+    ``valid_from`` after the recording (a plan dated in the future) was not said then: the
+    recording time bounds it."""
+    return min(record.valid_from, record.recorded_at)
+
+
 def provenance(record: MemoryRecord) -> str:
     if record.origin == "correction":
         return f"you corrected it on {day(record.recorded_at)}"
     if record.origin == "extraction":
-        return f"from a conversation on {day(record.recorded_at)}"
+        return f"from a conversation on {day(said_at(record))}"
     return f"recorded {day(record.recorded_at)}"
 
 
