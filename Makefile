@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PROTO_SRC := protos/memsvc/v1/memory.proto
 
-.PHONY: install run test lint proto bench soak locomo image clean
+.PHONY: install run test lint proto bench soak locomo extraction-eval image clean
 
 $(STAMP): pyproject.toml requirements/spacy-model.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -59,6 +59,11 @@ bench: install
 ## Retrieval quality on the LoCoMo development split (../shared/data/locomo), through gRPC.
 locomo: install
 	$(BIN)/python -m bench.locomo_eval $(LOCOMO_ARGS)
+
+## What extraction stores, on the same split: facts per session and coverage against the gold
+## observations, FACT/EPISODE evidence Recall@k, the Prefetch check, extraction throughput.
+extraction-eval: install
+	$(BIN)/python -m bench.extraction_eval $(EXTRACTION_ARGS)
 
 ## Soak: mixed Recall/Prefetch/Ingest at a fixed open-loop rate (default 5 min at 40/s; SOAK_ARGS,
 ## e.g. SOAK_ARGS="--minutes 3"); latency per window, errors, server RSS, Ingest exactly once.
