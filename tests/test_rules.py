@@ -130,6 +130,14 @@ def test_adjectives_and_nationalities_are_never_names() -> None:
     assert extract("I'm Hungry") == []
 
 
+@pytest.mark.timeout(20)
+def test_a_date_in_a_sentence_without_a_verb_ends() -> None:
+    # Its head chain ends at a noun root: walking it once never ended (spaCy makes a new
+    # Token object per access, so the root's head was never `is` the root).
+    [fact] = extract("Great news about my trip to Rome last week!")
+    assert fact.content == "Great news about the user's trip to Rome in the week of 1 May 2023."
+
+
 def test_explicit_remember_of_a_note() -> None:
     [note] = extract("Please remember that the gate code is on the fridge")
     assert (note.content, note.predicate, note.confidence) == (

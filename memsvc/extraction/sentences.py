@@ -312,7 +312,7 @@ def _looks_ahead(ent: Span, future: bool) -> bool:
     if before is not None and _lower(before) == "since":
         return False
     head = ent.root.head
-    while head.pos_ not in ("VERB", "AUX") and head.head is not head:
+    while head.pos_ not in ("VERB", "AUX") and head.head.i != head.i:
         head = head.head
     aux = [c for c in head.children if c.dep_ in ("aux", "auxpass")]
     if head.tag_ in ("VBD", "VBN") or any(a.tag_ == "VBD" for a in aux):
@@ -430,7 +430,7 @@ def clauses(statement: Statement, sent_at: datetime) -> list[Statement]:
     anymore, I eat eggs now"), each with its own negation and modality."""
     out = [statement]
     for token in statement.sent:
-        if token is statement.root or token.dep_ not in _CLAUSE_DEPS:
+        if token.i == statement.root.i or token.dep_ not in _CLAUSE_DEPS:
             continue
         if token.pos_ not in ("VERB", "AUX"):
             continue

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lemminflect import getInflection
 from spacy.tokens import Span, Token
 
 from memsvc.extraction.predicates import DIETS, JOBS, NOT_NAMES, PETS, RELATIVES, REQUEST_VERBS
@@ -170,14 +171,14 @@ def _named_relation(s: Statement) -> list[Triple]:
     if lemma(subj) == "name":
         rel = next((c for c in subj.children if c.dep_ == "poss" and c.pos_ == "NOUN"), subj)
     relation = lemma(rel)
-    if rel is subj and lemma(subj) == "name":
+    if rel.i == subj.i and lemma(subj) == "name":
         return []
     if (relation not in RELATIVES and relation not in PETS) or not _owned(rel):
         return []
     value = None
     if lemma(root) == "be":
         value = next((c for c in _children(root, "attr") if c.pos_ == "PROPN"), None)
-        if value is None and subj is not rel:
+        if value is None and subj.i != rel.i:
             value = next(iter(_children(root, "attr")), None)
     elif lemma(root) in ("name", "call") and subj.dep_ == "nsubjpass":
         value = next(iter(_children(root, "oprd", "attr")), None)
@@ -247,32 +248,13 @@ def _place_and_work(s: Statement) -> list[Triple]:
         place = _pobj(verb, "in")
         if place is not None:
             x = _entity_or_phrase(place)
-            if s.planned:
-                triples.append(
-                    Triple(
-                        who, "plans", f"live in {x}", f"{of} plans to live in {x}.", planned=True
-                    )
-                )
-            elif s.negated:
-                triples.append(
-                    Triple(who, "lives_in", x, f"{of} no longer lives in {x}.", negated=True)
-                )
-            elif past:
-                triples.append(
-                    Triple(who, "lived_in", x, f"{of} used to live in {x}.", historical=True)
-                )
-            else:
-                triples.append(Triple(who, "lives_in", x, f"{of} lives in {x}."))
+            triples.append(_tensed(s, of, x, "lives_in", "lived_in", "live in", past=past))
     elif vlemma in ("move", "relocate"):
         place = _pobj(verb, "to")
         if place is not None and not s.negated:
             x = _entity_or_phrase(place)
-            if s.planned or verb is not root:
-                triples.append(
-                    Triple(
-                        who, "plans", f"move to {x}", f"{of} plans to move to {x}.", planned=True
-                    )
-                )
+            if s.planned or verb.i != root.i:
+                triples.append(_plan(s, of, f"move to {x}"))
             else:
                 triples.append(Triple(who, "lives_in", x, f"{of} lives in {x}."))
     elif vlemma == "work":
@@ -280,22 +262,7 @@ def _place_and_work(s: Statement) -> list[Triple]:
         role = _pobj(verb, "as")
         if org is not None:
             x = _entity_or_phrase(org)
-            if s.planned:
-                triples.append(
-                    Triple(
-                        who, "plans", f"work at {x}", f"{of} plans to work at {x}.", planned=True
-                    )
-                )
-            elif s.negated:
-                triples.append(
-                    Triple(who, "works_at", x, f"{of} no longer works at {x}.", negated=True)
-                )
-            elif past:
-                triples.append(
-                    Triple(who, "worked_at", x, f"{of} used to work at {x}.", historical=True)
-                )
-            else:
-                triples.append(Triple(who, "works_at", x, f"{of} works at {x}."))
+            triples.append(_tensed(s, of, x, "works_at", "worked_at", "work at", past=past))
         if role is not None and not s.planned and not s.negated:
             x = _phrase(role).lower()
             pred, hist = ("was", True) if past else ("occupation", False)
@@ -348,6 +315,26 @@ def _place_and_work(s: Statement) -> list[Triple]:
                 Triple(who, "works_at", x, f"The user no longer works at {x}.", negated=True)
             )
     return triples
+
+
+def _plan(s: Statement, of: str, action: str) -> Triple:
+    return Triple(s.subject, "plans", action, f"{of} plans to {action}.", planned=True)
+
+
+def _tensed(
+    s: Statement, of: str, x: str, current: str, former: str, verb: str, *, past: bool
+) -> Triple:
+    """A place or employer in the statement's modality: planned, ended, former or current
+    ("live in" -> lives_in / lived_in / plans "live in X")."""
+    if s.planned:
+        return _plan(s, of, f"{verb} {x}")
+    head, _, rest = verb.partition(" ")
+    third = f"{getInflection(head, tag='VBZ')[0]} {rest}"
+    if s.negated:
+        return Triple(s.subject, current, x, f"{of} no longer {third} {x}.", negated=True)
+    if past:
+        return Triple(s.subject, former, x, f"{of} used to {verb} {x}.", historical=True)
+    return Triple(s.subject, current, x, f"{of} {third} {x}.")
 
 
 def _allergen(allergic: Token) -> str:
