@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import re
 import uuid
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 
@@ -49,6 +50,7 @@ from memsvc.storage.outbox import Job
 
 log = logging.getLogger(__name__)
 
+_TOPIC_VECTORS_MAX = 4_096
 DEFAULT_USER_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}"
 
 
@@ -133,6 +135,8 @@ class ExtractionPipeline:
         # The PII screen of extracted facts and episodes (default: redact every kind).
         self._guard = guard or PiiGuard.default()
         self._user_id = re.compile(settings.user_id_pattern)
+        # Embeddings of topic names, most recently added last (a bounded LRU by insertion).
+        self._topic_vectors: OrderedDict[str, np.ndarray] = OrderedDict()
 
     async def run(self, job: Job) -> Outcome:
         """Process the job; raises on failure (the worker retries), never leaves half a speaker."""
@@ -265,7 +269,9 @@ class ExtractionPipeline:
             previous = await store.episode_summary(conn, scope, job.session_id)
         episode = _merge_episode(previous, extraction.episode)
         episode = self._screen_episode(episode, policy, outcome)
-        texts = [c.content for c in candidates] + list(topics)
+        # Topic names repeat across jobs and users ("interests", "work"): embedded once.
+        new_topics = [t for t in dict.fromkeys(topics) if t not in self._topic_vectors]
+        texts = [c.content for c in candidates] + new_topics
         if episode is not None:
             texts.append(f"{episode.title}. {episode.summary}")
         vectors = (
@@ -274,7 +280,13 @@ class ExtractionPipeline:
             else np.zeros((0, self._embedder.dimension), dtype=np.float32)
         )
         fact_vectors = vectors[: len(candidates)]
-        topic_vectors = vectors[len(candidates) : len(candidates) + len(topics)]
+        for name, vec in zip(
+            new_topics, vectors[len(candidates) : len(candidates) + len(new_topics)], strict=True
+        ):
+            self._topic_vectors[name] = vec
+            if len(self._topic_vectors) > _TOPIC_VECTORS_MAX:
+                self._topic_vectors.popitem(last=False)
+        topic_vectors = [self._topic_vectors[t] for t in topics]
         episode_vector = vectors[-1] if episode is not None else None
 
         async with self._pool.acquire() as conn, conn.transaction():
