@@ -10,6 +10,7 @@ from pathlib import Path
 import spacy
 from spacy.language import Language
 from spacy.tokens import Doc
+from thinc.api import Model, NumpyOps
 
 from memsvc.extraction.base import ExtractionError
 from memsvc.extraction.model_files import verify_model_files
@@ -34,6 +35,18 @@ class LanguageModel:
             return list(self._nlp.pipe(texts, batch_size=64))
 
 
+def _use_numpy_matmul(nlp: Language) -> None:
+    """Run the models' matrix products through numpy instead of thinc's blis kernel: for the
+    small matrices of one utterance it is faster here (a short sentence parsed in 7.9 ms
+    against 10.5 ms on this 2-core EPYC), and a turn is parsed alone or in small batches."""
+    ops = NumpyOps(use_blis=False)
+    for _, component in nlp.pipeline:
+        model = getattr(component, "model", None)
+        if isinstance(model, Model):
+            for node in model.walk():
+                node.ops = ops
+
+
 _loaded: LanguageModel | None = None
 _load_lock = threading.Lock()
 
@@ -51,5 +64,7 @@ def load_language_model() -> LanguageModel:
                 )
             package_dir = Path(spec.origin).parent
             verify_model_files(package_dir / f"{MODEL_PACKAGE}-{MODEL_VERSION}")
-            _loaded = LanguageModel(spacy.load(package_dir / f"{MODEL_PACKAGE}-{MODEL_VERSION}"))
+            nlp = spacy.load(package_dir / f"{MODEL_PACKAGE}-{MODEL_VERSION}")
+            _use_numpy_matmul(nlp)
+            _loaded = LanguageModel(nlp)
         return _loaded
