@@ -240,3 +240,28 @@ async def test_messages_are_indexed_with_their_session_context(caller: Caller, d
     assert (await context("c4")).get("fig") == "B"
     assert (await context("c3")).get("fig") == "C"
     assert "fig" not in await context("c2")
+
+
+async def test_a_growing_episode_keeps_the_vector_of_its_head(
+    caller: Caller, drain, pool, embedder
+) -> None:  # type: ignore[no-untyped-def]
+    said = [
+        "I live in Porto and I work at a bakery near the river.",
+        "My brother Tiago moved to Lisbon last year for a job at a bank.",
+        "We adopted a cat named Nata two weeks ago.",
+        "I'm training for the Porto marathon in November and I run every morning.",
+        "My best friend Rita is a nurse at the children's hospital downtown.",
+        "My mom is a retired teacher who loves gardening.",
+        "I started learning the guitar in January.",
+    ]
+    for i, text in enumerate(said):
+        await ingest(caller, [msg("alice", text, message_id=f"m{i}")])
+        await drain()
+    async with pool.acquire() as conn:
+        row = await conn.fetchrow(
+            "SELECT title, summary, embedding FROM episodes WHERE tenant_id = $1",
+            caller.tenant_id,
+        )
+    assert len(row["summary"]) > 600  # the summary grew past the part its vector is made of
+    [expected] = await embedder.embed([f"{row['title']}. {row['summary']}"[:600]], timeout_s=10)
+    assert float(expected @ row["embedding"].to_numpy()) > 0.999

@@ -11,6 +11,7 @@ import pytest
 
 from memsvc.config import DEFAULT_CATEGORIES, DEFAULT_ROLES
 from memsvc.extraction.base import CandidateFact, Decision, ExistingFact, ExtractionInput, Turn
+from memsvc.extraction.dates import resolve
 from memsvc.extraction.gate import is_phatic
 from memsvc.extraction.guardrails import (
     DecisionResult,
@@ -339,3 +340,32 @@ def test_a_deciders_unsafe_answer_becomes_add(decision: Decision) -> None:
     assert guard_decision(plan, home, said).decision is Decision.ADD
     city = candidate("The user lives in Oslo.", "lives_in", "Oslo")
     assert guard_decision(city, home, said).decision is decision
+
+
+@pytest.mark.parametrize(
+    ("phrase", "future", "rendered"),
+    [
+        ("yesterday", False, "on 7 May 2023"),
+        ("last month", False, "in April 2023"),
+        ("next year", False, "in 2024"),
+        ("in two weeks", False, "in the week of 22 May 2023"),
+        ("three weeks ago", False, "on 17 April 2023"),
+        ("last Friday", False, "on 5 May 2023"),
+        ("on Friday", True, "on 12 May 2023"),
+        ("in March", False, "in March 2023"),
+        ("in March", True, "in March 2024"),
+        ("in May", True, "in May 2023"),  # said in May: this one
+        ("last Christmas", False, "on 25 December 2022"),
+        ("this summer", False, "in the summer of 2023"),
+    ],
+)
+def test_relative_dates_resolve_against_the_time_said(
+    phrase: str, future: bool, rendered: str
+) -> None:
+    resolved = resolve(phrase, SAID, future=future)
+    assert resolved is not None and resolved.render() == rendered
+
+
+@pytest.mark.parametrize("phrase", ["ten years", "March 2019", "the whole time"])
+def test_absolute_dates_and_durations_stay_as_said(phrase: str) -> None:
+    assert resolve(phrase, SAID) is None

@@ -155,6 +155,9 @@ def resolve(phrase: str, sent_at: datetime, *, future: bool = False) -> Resolved
     if data.date_obj is None:
         return None
     period = data.period if data.period in ("day", "week", "month", "year") else "day"
+    when = data.date_obj
+    if future and period == "month" and (when.year, when.month) == (base.year + 1, base.month):
+        when = when.replace(year=base.year)  # "in November", said in November: this one
     if period == "week" and text.endswith(" ago"):
         period = "day"  # "three weeks ago" names a day, give or take
-    return ResolvedDate(data.date_obj.replace(tzinfo=UTC), period)
+    return ResolvedDate(when.replace(tzinfo=UTC), period)

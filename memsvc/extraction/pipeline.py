@@ -278,8 +278,10 @@ class ExtractionPipeline:
         # Topic names repeat across jobs and users ("interests", "work"): embedded once.
         new_topics = [t for t in dict.fromkeys(topics) if t not in self._topic_vectors]
         texts = [c.content for c in candidates] + new_topics
-        if episode is not None:
-            texts.append(f"{episode.title}. {episode.summary}"[:_EPISODE_EMBED_CHARS])
+        episode_text = _episode_text(episode) if episode is not None else ""
+        reused = self._same_episode_vector(previous, episode_text)
+        if episode is not None and reused is None:
+            texts.append(episode_text)
         vectors = (
             await self._embedder.embed(texts, timeout_s=self._settings.embed_timeout_s)
             if texts
@@ -293,7 +295,9 @@ class ExtractionPipeline:
             if len(self._topic_vectors) > _TOPIC_VECTORS_MAX:
                 self._topic_vectors.popitem(last=False)
         topic_vectors = [self._topic_vectors[t] for t in topics]
-        episode_vector = vectors[-1] if episode is not None else None
+        episode_vector = reused
+        if episode is not None and reused is None:
+            episode_vector = vectors[-1]
 
         async with self._pool.acquire() as conn, conn.transaction():
             await store.lock_user(conn, scope.tenant_id, scope.user_id)
@@ -571,6 +575,18 @@ class ExtractionPipeline:
             outcome.added += 1
         return record.memory_id
 
+    def _same_episode_vector(self, previous: asyncpg.Record | None, text: str) -> np.ndarray | None:
+        """The stored vector of the session's episode when the text it was made of is
+        unchanged (a summary grows at its end; its vector is of its head)."""
+        if previous is None or previous["embedding_state"] != "ok":
+            return None
+        if previous["embedding_model"] != self._embedder.model_id:
+            return None
+        if _episode_text_of(previous["title"], previous["summary"]) != text:
+            return None
+        vector: np.ndarray = previous["embedding"].to_numpy().astype(np.float32)
+        return vector
+
     async def _decide_gray(self, candidate: CandidateFact, verdict: Verdict) -> Verdict:
         assert verdict.target is not None
         result = await self._extractor.decide(candidate, [verdict.target])
@@ -580,6 +596,15 @@ class ExtractionPipeline:
             result = rules_decision(candidate, verdict.target)
         result = guard_decision(candidate, verdict.target, result)
         return Verdict(result.decision, verdict.target, reason=result.reason or "gray zone")
+
+
+def _episode_text_of(title: str, summary: str) -> str:
+    return f"{title}. {summary}"[:_EPISODE_EMBED_CHARS]
+
+
+def _episode_text(episode: CandidateEpisode) -> str:
+    """What an episode's vector is made of."""
+    return _episode_text_of(episode.title, episode.summary)
 
 
 def _merge_episode(

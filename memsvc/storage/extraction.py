@@ -170,7 +170,8 @@ async def episode_summary(
 ) -> asyncpg.Record | None:
     """The session's episode so far (a session ingested turn by turn grows one episode)."""
     row: asyncpg.Record | None = await conn.fetchrow(
-        f"SELECT episode_id, title, summary, excerpt, source_message_ids, started_at"
+        f"SELECT episode_id, title, summary, excerpt, source_message_ids, started_at,"
+        f" embedding, embedding_model, embedding_state"
         f" FROM episodes WHERE {_EXACT_SCOPE} AND session_id = $5",
         *scope.key,
         session_id,
