@@ -51,12 +51,11 @@ from memsvc.storage.outbox import Job
 log = logging.getLogger(__name__)
 
 _TOPIC_VECTORS_MAX = 4_096
-# The episode's vector is of its title and the head of its summary (the opening and the first
-# facts). all-MiniLM-L6 was trained on 128-token inputs, and a session ingested turn by turn
-# grows its summary with every job: at 1,000 characters one embedding took 68 ms against
-# 21 ms at 300 and 40 ms at 600 on this machine, which halved extraction throughput
-# (bench/ingest.py). The lexical leg still indexes the whole summary.
-_EPISODE_EMBED_CHARS = 600
+# The episode's vector is of its title and the head of its summary (the opening: what was
+# talked about, and when). A session ingested turn by turn grows its summary with every job,
+# and one embedding took 68 ms at 1,000 characters against 21 ms at 300 on this machine; the
+# lexical leg still indexes the whole summary.
+_EPISODE_EMBED_CHARS = 300
 DEFAULT_USER_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}"
 
 
