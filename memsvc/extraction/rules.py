@@ -23,7 +23,8 @@ from memsvc.extraction.base import (
     Turn,
 )
 from memsvc.extraction.episodes import summarize
-from memsvc.extraction.language import LanguageModel, load_language_model
+from memsvc.extraction.language import LanguageModel, load_language_model, verify_installed_model
+from memsvc.extraction.parser_process import parse_elsewhere
 from memsvc.extraction.predicates import TOPIC_OF_PREDICATE
 from memsvc.extraction.sentences import (
     INJECTION,
@@ -194,8 +195,15 @@ def _fit(fact: CandidateFact, categories: Sequence[str], roles: Sequence[str]) -
 class RulesExtractor:
     """Deterministic, offline extraction; it has no model, so gray-zone decisions use rules."""
 
-    def __init__(self, language: LanguageModel | None = None) -> None:
-        self._language = language or load_language_model()
+    def __init__(self, language: LanguageModel | None = None, *, offload: bool = True) -> None:
+        """`offload`: parse in the parser process (off this process's GIL); a given
+        `language`, or offload=False, parses in a thread of this process."""
+        self._language = language
+        self._offload = offload and language is None
+        if self._offload:
+            verify_installed_model()  # fail at start-up, not at the first job
+        elif self._language is None:
+            self._language = load_language_model()
 
     @property
     def name(self) -> str:
@@ -210,6 +218,8 @@ class RulesExtractor:
             text = restore_subject(turn.text.replace("\u2019", "'").replace("\u2018", "'"))
             inner = remember_request(text)
             said.append(_Said(turn, inner if inner is not None else text, inner is not None))
+        if self._language is None:
+            self._language = load_language_model()
         docs = self._language.parse([s.text for s in said])
         facts: list[CandidateFact] = []
         seen: set[str] = set()
@@ -228,6 +238,8 @@ class RulesExtractor:
         )
 
     async def extract(self, data: ExtractionInput) -> Extraction:
+        if self._offload:
+            return await parse_elsewhere(_extract_in_parser_process, data)
         return await asyncio.to_thread(self.extract_sync, data)
 
     async def decide(
@@ -237,3 +249,14 @@ class RulesExtractor:
 
     async def aclose(self) -> None:
         return None
+
+
+_IN_PARSER_PROCESS: RulesExtractor | None = None
+
+
+def _extract_in_parser_process(data: ExtractionInput) -> Extraction:
+    """Runs in the parser process: one extractor (and one loaded model) for its lifetime."""
+    global _IN_PARSER_PROCESS
+    if _IN_PARSER_PROCESS is None:
+        _IN_PARSER_PROCESS = RulesExtractor(offload=False)
+    return _IN_PARSER_PROCESS.extract_sync(data)
