@@ -72,10 +72,6 @@ class ResolvedDate:
             return f"in the {self.period.split(':', 1)[1]} of {self.when.year}"
         return f"on {day_text(self.when)}"
 
-    @property
-    def is_day(self) -> bool:
-        return self.period == "day"
-
 
 def day_text(when: datetime) -> str:
     """'7 May 2023': no leading zero, the month in full (the LoCoMo observations' form)."""

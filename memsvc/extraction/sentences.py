@@ -92,10 +92,6 @@ class Statement:
     # triples are facts, never its own words.
     imperative: bool = False
 
-    @property
-    def past_date(self) -> ResolvedDate | None:
-        return next((d for _, d in self.dates), None)
-
 
 # Spoken transcripts drop the subject of a sentence that starts with these ("Gonna continue my
 # studies", "Just got back from Paris"): a closed set of openings, so a pattern is enough.

@@ -110,10 +110,6 @@ def _user_subject(s: Statement) -> bool:
     return s.subject == "user"
 
 
-def _relation(s: Statement) -> str:
-    return s.subject.removeprefix("user's ")
-
-
 def _poss_relatives(sent: Span) -> list[tuple[Token, Token]]:
     """'my wife Ana', 'a puppy named Biscuit', 'my dog's name is Rex': (relation, name)."""
     pairs: list[tuple[Token, Token]] = []
