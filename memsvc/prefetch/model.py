@@ -12,7 +12,6 @@ PERSONA = "persona"
 CORE = "core"
 RELEVANT = "relevant"
 EPISODES = "episodes"
-SECTIONS = (PERSONA, CORE, RELEVANT, EPISODES)
 
 
 @dataclass(frozen=True)

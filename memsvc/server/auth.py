@@ -85,7 +85,3 @@ class Authenticator:
         if tenant is None:
             raise Unauthenticated("invalid API key")
         return tenant
-
-    def forget_cached(self) -> None:
-        """Drop cached answers (after a key is revoked in this process)."""
-        self._cache.clear()

@@ -41,7 +41,6 @@ HOT_COLUMNS = _COLUMNS_WITH.format(referenced="NULL::timestamptz")
 # The same fragments for other read modules (Recall, Prefetch) composing their own SQL.
 VISIBLE = _VISIBLE
 COLUMNS = _COLUMNS
-NOT_EXPIRED = _NOT_EXPIRED
 
 
 def record_from_row(row: asyncpg.Record) -> MemoryRecord:

@@ -20,7 +20,6 @@ from memsvc.storage.extraction import lock_user
 USER_CONTROLLED = "user-controlled"
 SESSION = "session"
 TTL = "ttl"
-POLICIES = (USER_CONTROLLED, SESSION, TTL)
 
 
 def _scopes(rows: Iterable[asyncpg.Record]) -> list[Scope]:

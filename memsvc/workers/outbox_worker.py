@@ -77,7 +77,6 @@ class OutboxWorker:
         self._dsn = dsn
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
         self._periodic = periodic
-        self._slots = asyncio.Semaphore(settings.concurrency)
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._tasks: set[asyncio.Task[object]] = set()
