@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import threading
 from collections.abc import Sequence
@@ -61,8 +62,12 @@ def _model_dir() -> Path:
     return Path(spec.origin).parent / f"{MODEL_PACKAGE}-{MODEL_VERSION}"
 
 
+@functools.cache
 def verify_installed_model() -> None:
-    """Raise unless the model is installed with every file's pinned sha256 (no loading)."""
+    """Raise unless the model is installed with every file's pinned sha256 (no loading).
+
+    Once per process: it hashes 15 MB, and every RulesExtractor asks (a failure is not
+    cached: it raises, and the next call checks again)."""
     verify_model_files(_model_dir())
 
 
