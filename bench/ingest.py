@@ -20,10 +20,10 @@ import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from bench.harness import RESULTS_DIR, Summary, Target, open_loop, served_stack, summarize
-from memsvc.deadline import Budget
+from memsvc.concurrency.deadline import Budget
 from memsvc.ingest.service import IngestCommand, IngestService
-from memsvc.memories.model import Scope
 from memsvc.storage.messages import StoredMessage
+from memsvc.storage.model import Scope
 from memsvc.v1 import memory_pb2 as pb
 from memsvc.v1 import memory_pb2_grpc
 

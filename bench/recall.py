@@ -60,16 +60,16 @@ from bench.harness import (
 )
 from bench.png import latency_cdf_png
 from memsvc.cache.keys import packet_key
+from memsvc.concurrency.deadline import Budget
 from memsvc.config import Settings
-from memsvc.deadline import Budget
 from memsvc.embedding.onnx_minilm import OnnxMiniLMEmbedder
-from memsvc.memories.model import Scope
 from memsvc.prefetch import queries as prefetch_sql
 from memsvc.prefetch.model import PrefetchQuery
 from memsvc.retrieval.dense import dense_hits
 from memsvc.retrieval.lexical import lexical_hits
 from memsvc.retrieval.query import DEFAULT_KINDS, ItemKind
 from memsvc.storage import versions
+from memsvc.storage.model import Scope
 from memsvc.storage.pool import connect_and_migrate
 from memsvc.v1 import memory_pb2 as pb
 from memsvc.v1 import memory_pb2_grpc

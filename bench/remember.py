@@ -15,11 +15,11 @@ import redis.asyncio as aioredis
 
 from bench.harness import RESULTS_DIR, Summary, Target, open_loop, served_stack, summarize
 from memsvc.cache.invalidation import PacketInvalidator
+from memsvc.concurrency.deadline import Budget
 from memsvc.config import Settings
-from memsvc.deadline import Budget
 from memsvc.embedding.onnx_minilm import OnnxMiniLMEmbedder
-from memsvc.memories.model import NewMemory, Scope
 from memsvc.memories.service import MemoryService
+from memsvc.storage.model import NewMemory, Scope
 from memsvc.storage.pool import connect_and_migrate
 from memsvc.v1 import memory_pb2 as pb
 from memsvc.v1 import memory_pb2_grpc

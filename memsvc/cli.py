@@ -12,7 +12,6 @@ from pathlib import Path
 
 import asyncpg
 
-from memsvc import gc_pauses, log_format
 from memsvc.config import ConfigError, Settings
 from memsvc.governance.policy import (
     PII_KINDS,
@@ -21,9 +20,10 @@ from memsvc.governance.policy import (
     parse_pii_overrides,
     parse_pii_policy,
 )
-from memsvc.metrics_http import MetricsEndpoint
-from memsvc.runtime import Runtime
+from memsvc.observability import gc_pauses, log_format
+from memsvc.observability.metrics_http import MetricsEndpoint
 from memsvc.server.app import MemsvcServer, serve_until_signalled
+from memsvc.server.runtime import Runtime
 from memsvc.storage import api_keys, tenant_settings
 from memsvc.storage.migrate import migrate
 

@@ -194,7 +194,7 @@ class Settings:
     # Room for the framing, the longest session echo and a withheld note.
     packet_min_chars: int = 600
     half_life_days: float = 30.0
-    # Trust over time (memsvc.memories.trust): confidence half-life in days per category,
+    # Trust over time (memsvc.governance.trust): confidence half-life in days per category,
     # over the defaults (preference 180, profile 365, relationship 365, goal 90, event 30,
     # context 60); a category without one uses context's.
     confidence_half_life_days: tuple[tuple[str, float], ...] = ()

@@ -83,8 +83,8 @@ async def pool(server: MemsvcServer) -> asyncpg.Pool:
 @pytest.fixture
 def drain(server: MemsvcServer) -> Callable[[], Awaitable[int]]:
     """Run every due ingest job now with a real worker over the server's pipeline."""
-    from memsvc.runtime import worker_settings
-    from memsvc.workers.outbox_worker import OutboxWorker
+    from memsvc.ingest.worker import OutboxWorker
+    from memsvc.server.runtime import worker_settings
 
     async def run() -> int:
         assert server.settings.pg_dsn is not None

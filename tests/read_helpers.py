@@ -19,10 +19,10 @@ import pytest
 from memsvc.config import Settings
 from memsvc.embedding import Embedder
 from memsvc.extraction.base import CandidateEpisode
-from memsvc.memories.model import Scope
 from memsvc.server.app import MemsvcServer
 from memsvc.storage import extraction, topics, versions
 from memsvc.storage.messages import StoredMessage, insert_messages, set_message_embeddings
+from memsvc.storage.model import Scope
 from memsvc.v1 import memory_pb2 as pb
 from memsvc.v1 import memory_pb2_grpc
 from tests.conftest import Caller, _KeyedStub

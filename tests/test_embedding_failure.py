@@ -8,11 +8,11 @@ import asyncpg
 import redis.asyncio as aioredis
 
 from memsvc.cache.invalidation import PacketInvalidator
+from memsvc.concurrency.deadline import Budget
 from memsvc.config import Settings
-from memsvc.deadline import Budget
 from memsvc.embedding.openai_http import OpenAIHTTPEmbedder
-from memsvc.memories.model import NewMemory, Scope
 from memsvc.memories.service import MemoryService
+from memsvc.storage.model import NewMemory, Scope
 
 
 def closed_port() -> int:

@@ -8,12 +8,12 @@ import asyncio
 import dataclasses
 
 from memsvc.extraction.base import Extraction, ExtractionInput
-from memsvc.extraction.pipeline import ExtractionPipeline
 from memsvc.extraction.rules import RulesExtractor
-from memsvc.runtime import pipeline_settings, worker_settings
+from memsvc.ingest.pipeline import ExtractionPipeline
+from memsvc.ingest.worker import OutboxWorker
+from memsvc.server.runtime import pipeline_settings, worker_settings
 from memsvc.storage.erasure import USER_TABLES
 from memsvc.v1 import memory_pb2 as pb
-from memsvc.workers.outbox_worker import OutboxWorker
 from tests.conftest import Caller
 from tests.ingest_helpers import contents, ingest, msg
 from tests.read_helpers import prefetch, recall

@@ -17,14 +17,14 @@ import pytest
 from prometheus_client import REGISTRY
 
 from memsvc.client import MemoryClient, MemsvcCallError, RetryPolicy
-from memsvc.deadline import Budget
+from memsvc.concurrency.deadline import Budget
 from memsvc.errors import DeadlineExceeded, ResourceExhausted
 from memsvc.export.encode import dumps
 from memsvc.export.service import ExportConfig, ExportService
-from memsvc.memories.model import Scope
 from memsvc.server.app import MemsvcServer
 from memsvc.storage.export import MARKER, Subject
 from memsvc.storage.messages import StoredMessage, insert_messages
+from memsvc.storage.model import Scope
 from memsvc.v1 import memory_pb2 as pb
 from memsvc.v1 import memory_pb2_grpc
 from tests.conftest import Caller

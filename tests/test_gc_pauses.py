@@ -8,7 +8,7 @@ import sys
 
 from prometheus_client import REGISTRY
 
-from memsvc import gc_pauses
+from memsvc.observability import gc_pauses
 
 
 def _count(generation: str) -> float:
@@ -35,7 +35,7 @@ def test_freezing_start_up_objects_empties_the_collected_generations() -> None:
     script = (
         "import gc, time\n"
         "import memsvc.server.app\n"
-        "from memsvc import gc_pauses\n"
+        "from memsvc.observability import gc_pauses\n"
         "tracked = len(gc.get_objects())\n"
         "frozen = gc_pauses.freeze_startup_objects()\n"
         "print(tracked, frozen, len(gc.get_objects()))\n"

@@ -195,8 +195,8 @@ def markers_in(text: str) -> set[str]:
 
 async def drain_all(server: MemsvcServer) -> int:
     """The conftest ``drain`` fixture's worker run, for a module-scoped fixture."""
-    from memsvc.runtime import worker_settings
-    from memsvc.workers.outbox_worker import OutboxWorker
+    from memsvc.ingest.worker import OutboxWorker
+    from memsvc.server.runtime import worker_settings
 
     assert server.settings.pg_dsn is not None
     worker = OutboxWorker(

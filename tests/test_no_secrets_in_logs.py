@@ -16,7 +16,7 @@ import asyncpg
 import grpc
 import pytest
 
-from memsvc import log_format
+from memsvc.observability import log_format
 from memsvc.server.app import MemsvcServer
 from memsvc.storage import tenant_settings
 from memsvc.v1 import memory_pb2 as pb

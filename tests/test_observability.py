@@ -19,9 +19,9 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from memsvc import log_format, metrics
 from memsvc.config import ConfigError, Settings
-from memsvc.metrics_http import MetricsEndpoint
+from memsvc.observability import log_format, metrics
+from memsvc.observability.metrics_http import MetricsEndpoint
 from memsvc.server.app import MemsvcServer
 from memsvc.server.interceptor import final_code, split_method
 from memsvc.v1 import memory_pb2 as pb

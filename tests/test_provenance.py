@@ -10,8 +10,8 @@ from datetime import UTC, datetime, timedelta
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from memsvc.memories.model import MemoryRecord, Scope
 from memsvc.prefetch import packet
+from memsvc.storage.model import MemoryRecord, Scope
 from memsvc.v1 import memory_pb2 as pb
 from tests.conftest import Caller
 from tests.ingest_helpers import ingest, status

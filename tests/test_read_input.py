@@ -12,10 +12,10 @@ import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from memsvc.config import Settings
-from memsvc.memories.model import Scope
 from memsvc.server.app import MemsvcServer
 from memsvc.server.auth import Authenticator
 from memsvc.server.servicer import MemoryServicer
+from memsvc.storage.model import Scope
 from memsvc.v1 import memory_pb2 as pb
 from memsvc.v1 import memory_pb2_grpc
 from tests.conftest import Caller, _KeyedStub

@@ -13,15 +13,13 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pytest
 
-from memsvc.admission import InFlightLimit
-from memsvc.cache.single_flight import SingleFlight
+from memsvc.concurrency.deadline import Budget
+from memsvc.concurrency.fanout import LegRunner
+from memsvc.concurrency.loop_lag import LoopLag
+from memsvc.concurrency.single_flight import SingleFlight
 from memsvc.config import ConfigError, Settings
-from memsvc.deadline import Budget
 from memsvc.embedding.base import EmbeddingTimeout
 from memsvc.errors import ResourceExhausted
-from memsvc.fanout import LegRunner
-from memsvc.loop_lag import LoopLag
-from memsvc.memories.model import MemoryRecord, Scope, Sharing
 from memsvc.prefetch import assembly, codec, packet
 from memsvc.prefetch.model import (
     CORE,
@@ -44,6 +42,8 @@ from memsvc.retrieval.query import Hit, ItemKind
 from memsvc.retrieval.ranking import final_order
 from memsvc.retrieval.scope_filter import keep_visible, memory_visible, visible
 from memsvc.retrieval.sources import statement_timeout
+from memsvc.server.admission import InFlightLimit
+from memsvc.storage.model import MemoryRecord, Scope, Sharing
 from tests.test_tenant_limits import FakeClock
 
 NOW = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)

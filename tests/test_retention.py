@@ -19,14 +19,14 @@ from google.protobuf.duration_pb2 import Duration
 
 from memsvc.cache.keys import user_index_key
 from memsvc.config import ConfigError, Settings
-from memsvc.memories.model import MemoryRecord, Scope
+from memsvc.governance.expiry import ExpirySettings, ExpiryTask
 from memsvc.prefetch import codec
 from memsvc.prefetch import expiry as packet_expiry
 from memsvc.prefetch.model import Packet
 from memsvc.server.app import MemsvcServer
 from memsvc.storage import retention, tenant_settings
+from memsvc.storage.model import MemoryRecord, Scope
 from memsvc.v1 import memory_pb2 as pb
-from memsvc.workers.expiry import ExpirySettings, ExpiryTask
 from tests.conftest import Caller
 from tests.ingest_helpers import ingest, msg
 from tests.read_helpers import prefetch, pscope, recall

@@ -10,12 +10,12 @@ import pytest
 
 from memsvc.config import ConfigError, Settings
 from memsvc.embedding import Embedder
-from memsvc.memories.model import Scope
 from memsvc.retrieval import route, route_effects
 from memsvc.retrieval.fusion import rrf
 from memsvc.retrieval.query import Hit, ItemKind
 from memsvc.retrieval.query_dates import Period, periods
 from memsvc.retrieval.ranking import final_order
+from memsvc.storage.model import Scope
 from memsvc.v1 import memory_pb2 as pb
 from tests.conftest import Caller
 from tests.read_helpers import StartServer, dscope, recall, seed_messages, stub_for

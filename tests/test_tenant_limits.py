@@ -13,10 +13,10 @@ import numpy.typing as npt
 import pytest
 from google.rpc import error_details_pb2, status_pb2
 
-from memsvc.admission import Bucket, TenantLimits, take_token
 from memsvc.config import Settings
 from memsvc.embedding import Embedder
 from memsvc.errors import ResourceExhausted
+from memsvc.server.admission import Bucket, TenantLimits, take_token
 from memsvc.server.app import MemsvcServer
 from memsvc.v1 import memory_pb2 as pb
 from tests.conftest import Caller

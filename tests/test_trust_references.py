@@ -10,10 +10,10 @@ import asyncpg
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from memsvc import metrics
+from memsvc.observability import metrics
+from memsvc.retrieval.references import ReferenceRecorder
 from memsvc.server.app import MemsvcServer
 from memsvc.v1 import memory_pb2 as pb
-from memsvc.workers.references import ReferenceRecorder
 from tests.conftest import Caller
 
 SCOPE = pb.Scope(user_id="alice")
@@ -227,7 +227,7 @@ async def test_full_buffer_drops_and_stop_flushes(caller: Caller, pool: asyncpg.
 async def test_a_flush_larger_than_a_chunk_writes_every_id(
     caller: Caller, pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from memsvc.workers import references
+    from memsvc.retrieval import references
 
     # Ids from Remember (not a read, so nothing else records them).
     texts = ("Plays chess", "Grows tomatoes", "Speaks Dutch", "Owns a kayak", "Bakes bread")

@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 from memsvc.config import ConfigError, Settings
-from memsvc.memories import compaction, trust
-from memsvc.memories.model import MemoryRecord, Scope
+from memsvc.governance import trust
+from memsvc.memories import compaction
+from memsvc.storage.model import MemoryRecord, Scope
 
 NOW = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
 POLICY = trust.TrustPolicy()

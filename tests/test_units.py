@@ -9,8 +9,8 @@ from datetime import UTC, datetime
 import pytest
 
 from memsvc.cache.keys import packet_key, user_index_key, user_tag
+from memsvc.concurrency.deadline import Budget
 from memsvc.config import ConfigError, Settings, parse_bool
-from memsvc.deadline import Budget
 from memsvc.errors import InvalidArgument
 from memsvc.memories.normalize import content_hash, normalize_content
 from memsvc.server import validate

@@ -23,16 +23,16 @@ from memsvc.extraction.base import (
     Extractor,
 )
 from memsvc.extraction.openai_chat import OpenAIChatExtractor
-from memsvc.extraction.pipeline import ExtractionPipeline
 from memsvc.extraction.rules import RulesExtractor
-from memsvc.memories.model import Scope
-from memsvc.runtime import pipeline_settings, worker_settings
+from memsvc.ingest.pipeline import ExtractionPipeline
+from memsvc.ingest.reconcile import reconcile_once
+from memsvc.ingest.worker import OutboxWorker, WorkerSettings, backoff_delay
 from memsvc.server.app import MemsvcServer
+from memsvc.server.runtime import pipeline_settings, worker_settings
 from memsvc.storage import outbox
+from memsvc.storage.model import Scope
 from memsvc.storage.outbox import Job
 from memsvc.v1 import memory_pb2 as pb
-from memsvc.workers.outbox_worker import OutboxWorker, WorkerSettings, backoff_delay
-from memsvc.workers.reconcile import reconcile_once
 from tests.conftest import Caller
 from tests.ingest_helpers import contents, ingest, msg, status
 from tests.test_openai_extractor import FakeChat, chat, fact, fake_chat  # noqa: F401

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from memsvc import metrics
 from memsvc.embedding.base import Embedder, EmbeddingError, EmbeddingTimeout
+from memsvc.observability import metrics
 
 
 class MeasuredEmbedder:

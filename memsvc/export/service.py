@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from memsvc import metrics
-from memsvc.deadline import Budget
+from memsvc.concurrency.deadline import Budget
 from memsvc.errors import DeadlineExceeded, ResourceExhausted, Unavailable
 from memsvc.export import encode
+from memsvc.observability import metrics
 from memsvc.storage import export as sql
 from memsvc.storage.export import Subject
 from memsvc.storage.pool import acquire

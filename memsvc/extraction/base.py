@@ -9,6 +9,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
+# Stored shapes that extractors exchange with the pipeline, re-exported for implementations.
+from memsvc.storage.model import CandidateEpisode as CandidateEpisode
+from memsvc.storage.model import ExistingFact as ExistingFact
+
 
 class ExtractionError(Exception):
     """An extractor could not produce a valid result; the job is retried, nothing is written."""
@@ -60,14 +64,6 @@ class CandidateFact:
 
 
 @dataclass(frozen=True)
-class CandidateEpisode:
-    title: str
-    summary: str
-    excerpt: str
-    source_message_ids: tuple[str, ...]
-
-
-@dataclass(frozen=True)
 class Extraction:
     episode: CandidateEpisode | None
     facts: tuple[CandidateFact, ...] = ()
@@ -81,20 +77,6 @@ class Decision(enum.StrEnum):
     UPDATE = "update"
     NOOP = "noop"
     CONFLICT = "conflict"
-
-
-@dataclass(frozen=True)
-class ExistingFact:
-    """An active stored fact near a candidate, as shown to a decider."""
-
-    memory_id: uuid.UUID
-    content: str
-    subject: str
-    predicate: str
-    object: str
-    similarity: float
-    # When the stored fact became true: a statement said before it never replaces it.
-    valid_from: datetime | None = None
 
 
 @dataclass(frozen=True)

@@ -1,1 +1,4 @@
-"""Memory governance: per-tenant policies for personal data and retention."""
+"""Memory governance.
+
+Per-tenant policies for personal data, retention and TTL expiry, and trust (confidence decay).
+"""

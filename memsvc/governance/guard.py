@@ -14,8 +14,8 @@ from dataclasses import replace
 from memsvc.errors import InvalidArgument
 from memsvc.governance import pii
 from memsvc.governance.policy import PII_KINDS, TenantPolicies, parse_pii_policy
-from memsvc.memories.model import NewMemory
-from memsvc.metrics import PII_SCREENED
+from memsvc.observability.metrics import PII_SCREENED
+from memsvc.storage.model import NewMemory
 
 log = logging.getLogger(__name__)
 

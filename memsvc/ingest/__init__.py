@@ -1,1 +1,5 @@
-"""The online half of the write path: Ingest (two writes, no model call) and its status."""
+"""The write path.
+
+Ingest (two writes, no model call), the outbox worker, the extraction pipeline it runs, and the
+embedding reconciler.
+"""

@@ -8,12 +8,12 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from memsvc.deadline import Budget
+from memsvc.concurrency.deadline import Budget
 from memsvc.errors import NotFound
 from memsvc.governance.policy import TenantPolicies
-from memsvc.memories.model import Scope
 from memsvc.storage import outbox
 from memsvc.storage.messages import StoredMessage, insert_messages
+from memsvc.storage.model import Scope
 from memsvc.storage.pool import acquire
 
 

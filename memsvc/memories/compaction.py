@@ -38,15 +38,15 @@ from typing import Protocol, runtime_checkable
 import asyncpg
 import numpy as np
 
-from memsvc import metrics
 from memsvc.embedding import Embedder, EmbeddingError
 from memsvc.errors import InvalidArgument
-from memsvc.memories import trust
-from memsvc.memories.model import MemoryRecord, NewMemory, Scope, Sharing
+from memsvc.governance import trust
 from memsvc.memories.normalize import content_hash, normalize_content
+from memsvc.observability import metrics
 from memsvc.storage import core as store
 from memsvc.storage.extraction import lock_user
 from memsvc.storage.memories import insert_or_reinforce
+from memsvc.storage.model import MemoryRecord, NewMemory, Scope, Sharing
 
 log = logging.getLogger(__name__)
 

@@ -14,18 +14,19 @@ import asyncpg
 import numpy as np
 
 from memsvc.cache.invalidation import PacketInvalidator
-from memsvc.deadline import Budget
+from memsvc.concurrency.deadline import Budget
 from memsvc.embedding import Embedder, EmbeddingError
 from memsvc.errors import FailedPrecondition, InvalidArgument, NotFound
+from memsvc.extraction.predicates import TOPIC_OF_PREDICATE
+from memsvc.governance import trust
 from memsvc.governance.guard import PiiGuard
-from memsvc.memories import trust
 from memsvc.memories.compaction import CoreCompactor
-from memsvc.memories.model import ListQuery, MemoryRecord, NewMemory, Page, Scope
 from memsvc.memories.normalize import content_hash
+from memsvc.retrieval.references import ReferenceRecorder
 from memsvc.storage import erasure, versions
 from memsvc.storage import memories as store
+from memsvc.storage.model import ListQuery, MemoryRecord, NewMemory, Page, Scope
 from memsvc.storage.pool import acquire
-from memsvc.workers.references import ReferenceRecorder
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +233,9 @@ class MemoryService:
                         + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
                         + "; nothing was deleted"
                     )
-                deleted = await erasure.erase_memories(conn, scope, list(set(found.values())))
+                deleted = await erasure.erase_memories(
+                    conn, scope, list(set(found.values())), TOPIC_OF_PREDICATE
+                )
             if not erase_user:
                 await versions.bump_version(conn, scope.tenant_id, scope.user_id)
         await self._invalidator.drop_user(scope.tenant_id, scope.user_id)

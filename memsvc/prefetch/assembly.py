@@ -16,8 +16,8 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 
-from memsvc.memories.model import MemoryRecord
 from memsvc.prefetch.model import EdgeRow, EpisodeRecord, FactCandidate, TopicRow
+from memsvc.storage.model import MemoryRecord
 
 SECONDS_PER_DAY = 86_400.0
 

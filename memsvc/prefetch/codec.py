@@ -10,8 +10,8 @@ from __future__ import annotations
 from google.protobuf.message import DecodeError
 
 from memsvc.prefetch.model import CORE, EPISODES, PERSONA, RELEVANT, EpisodeRecord, Packet
-from memsvc.server.convert import memory, timestamp
 from memsvc.v1 import memory_pb2 as pb
+from memsvc.wire.convert import memory, timestamp
 
 
 class CodecError(ValueError):

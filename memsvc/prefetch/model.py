@@ -6,7 +6,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime
 
-from memsvc.memories.model import MemoryRecord, Scope
+from memsvc.storage.model import MemoryRecord, Scope
 
 PERSONA = "persona"
 CORE = "core"

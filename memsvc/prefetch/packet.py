@@ -26,9 +26,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from memsvc.memories.model import MemoryRecord
 from memsvc.prefetch.assembly import trust_of
 from memsvc.prefetch.model import CORE, EPISODES, PERSONA, RELEVANT, EpisodeRecord
+from memsvc.storage.model import MemoryRecord
 
 MAX_LINE_CHARS = 400
 SHARES: Mapping[str, float] = {PERSONA: 0.2, CORE: 0.3, RELEVANT: 0.35, EPISODES: 0.15}

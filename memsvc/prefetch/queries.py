@@ -14,10 +14,10 @@ import asyncpg
 import numpy as np
 import numpy.typing as npt
 
-from memsvc.memories.model import MemoryRecord, Scope
 from memsvc.prefetch.model import EdgeRow, EpisodeRecord, TopicRow
 from memsvc.storage.memories import HOT_COLUMNS as COLUMNS
 from memsvc.storage.memories import VISIBLE, record_from_row
+from memsvc.storage.model import MemoryRecord, Scope
 from memsvc.storage.scope_sql import EXACT_SCOPE
 
 _EXACT = EXACT_SCOPE

@@ -28,20 +28,19 @@ from typing import Any
 
 import asyncpg
 
-from memsvc import metrics
 from memsvc.cache.keys import packet_key, user_index_key
 from memsvc.cache.packets import CacheStatus, CacheUnavailable, PacketCache
-from memsvc.cache.single_flight import SingleFlight
+from memsvc.concurrency.deadline import Budget
+from memsvc.concurrency.fanout import LegRunner, late
+from memsvc.concurrency.loop_lag import LoopLag
+from memsvc.concurrency.single_flight import SingleFlight
 from memsvc.config import Settings
-from memsvc.deadline import Budget
 from memsvc.debug_delay import delays_from_settings, maybe_sleep
 from memsvc.embedding import EmbeddingError
 from memsvc.embedding.base import EmbeddingTimeout
 from memsvc.errors import ResourceExhausted
-from memsvc.fanout import LegRunner, late
-from memsvc.loop_lag import LoopLag
-from memsvc.memories import trust
-from memsvc.memories.model import MemoryRecord
+from memsvc.governance import trust
+from memsvc.observability import metrics
 from memsvc.prefetch import assembly, codec, expiry, packet, queries
 from memsvc.prefetch.model import (
     CORE,
@@ -60,11 +59,12 @@ from memsvc.retrieval.embed_cache import QueryEmbedder, Vector
 from memsvc.retrieval.fusion import rrf
 from memsvc.retrieval.lexical import cjk_patterns, lexical_hits
 from memsvc.retrieval.query import Hit, ItemKind
+from memsvc.retrieval.references import ReferenceRecorder
 from memsvc.retrieval.scope_filter import keep_visible, memory_visible
 from memsvc.retrieval.sources import statement_timeout
 from memsvc.storage import versions
+from memsvc.storage.model import MemoryRecord
 from memsvc.v1 import memory_pb2 as pb
-from memsvc.workers.references import ReferenceRecorder
 
 log = logging.getLogger(__name__)
 

@@ -23,11 +23,11 @@ import asyncpg
 import numpy as np
 import numpy.typing as npt
 
-from memsvc.deadline import Budget
+from memsvc.concurrency.deadline import Budget
 from memsvc.debug_delay import maybe_sleep
-from memsvc.memories.model import Scope
 from memsvc.retrieval.query import Hit, ItemKind
 from memsvc.retrieval.sources import SOURCES, TIE_BREAK_SQL, statement_timeout, to_hit
+from memsvc.storage.model import Scope
 
 
 @functools.lru_cache(maxsize=32)

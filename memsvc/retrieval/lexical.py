@@ -21,11 +21,11 @@ from datetime import datetime
 
 import asyncpg
 
-from memsvc.deadline import Budget
+from memsvc.concurrency.deadline import Budget
 from memsvc.debug_delay import maybe_sleep
-from memsvc.memories.model import Scope
 from memsvc.retrieval.query import Hit, ItemKind
 from memsvc.retrieval.sources import SOURCES, TIE_BREAK_SQL, statement_timeout, to_hit
+from memsvc.storage.model import Scope
 
 MAX_PATTERNS = 32
 

@@ -11,7 +11,7 @@ from datetime import datetime
 import numpy as np
 import numpy.typing as npt
 
-from memsvc.memories.model import MemoryRecord, Scope
+from memsvc.storage.model import MemoryRecord, Scope
 
 
 class ItemKind(enum.StrEnum):

@@ -12,11 +12,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 
-from memsvc.memories import trust
-from memsvc.memories.model import MemoryRecord
+from memsvc.governance import trust
 from memsvc.retrieval.fusion import Fused
 from memsvc.retrieval.query import ItemKind
 from memsvc.retrieval.route_effects import NEUTRAL, RoutePlan
+from memsvc.storage.model import MemoryRecord
 
 SECONDS_PER_DAY = 86_400.0
 

@@ -19,14 +19,14 @@ from typing import Any
 
 import asyncpg
 
-from memsvc import metrics
+from memsvc.concurrency.deadline import Budget
+from memsvc.concurrency.fanout import LegRunner, late
+from memsvc.concurrency.loop_lag import LoopLag
 from memsvc.config import Settings
-from memsvc.deadline import Budget
 from memsvc.debug_delay import delays_from_settings
 from memsvc.embedding.base import EmbeddingTimeout
-from memsvc.fanout import LegRunner, late
-from memsvc.loop_lag import LoopLag
-from memsvc.memories import trust
+from memsvc.governance import trust
+from memsvc.observability import metrics
 from memsvc.retrieval import route_effects
 from memsvc.retrieval.dense import dense_hits
 from memsvc.retrieval.embed_cache import QueryEmbedder
@@ -34,8 +34,8 @@ from memsvc.retrieval.fusion import rrf
 from memsvc.retrieval.lexical import lexical_hits
 from memsvc.retrieval.query import Hit, RecallQuery
 from memsvc.retrieval.ranking import Ranked, RankWeights, final_order
+from memsvc.retrieval.references import ReferenceRecorder
 from memsvc.retrieval.scope_filter import keep_visible
-from memsvc.workers.references import ReferenceRecorder
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from memsvc.memories.model import MemoryRecord, Scope
 from memsvc.retrieval.query import Hit
+from memsvc.storage.model import MemoryRecord, Scope
 
 log = logging.getLogger(__name__)
 

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from memsvc.deadline import Budget
-from memsvc.memories.model import Scope
+from memsvc.concurrency.deadline import Budget
 from memsvc.retrieval.query import Hit, ItemKind
 from memsvc.storage.memories import VISIBLE as FACT_VISIBLE
 from memsvc.storage.memories import record_from_row
+from memsvc.storage.model import Scope
 from memsvc.storage.scope_sql import EXACT_SCOPE
 
 # How long after the budget's end asyncpg's own timeout would stop a leg's statement.

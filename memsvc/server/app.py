@@ -13,14 +13,14 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer as AsyncHealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from memsvc import gc_pauses
 from memsvc.config import Settings
 from memsvc.embedding import Embedder
 from memsvc.extraction.base import Extractor
-from memsvc.metrics_http import MetricsEndpoint
-from memsvc.runtime import Runtime
+from memsvc.observability import gc_pauses
+from memsvc.observability.metrics_http import MetricsEndpoint
 from memsvc.server.auth import Authenticator
 from memsvc.server.interceptor import ObservingInterceptor
+from memsvc.server.runtime import Runtime
 from memsvc.server.servicer import MemoryServicer
 from memsvc.server.tls import server_credentials
 from memsvc.server.warmup import warm_read_path

@@ -6,8 +6,8 @@ from memsvc.cache.packets import CacheStatus
 from memsvc.prefetch.service import PrefetchResult
 from memsvc.retrieval.query import ItemKind
 from memsvc.retrieval.recall import DENSE, LEXICAL, RecallResult
-from memsvc.server.convert import memory, timestamp
 from memsvc.v1 import memory_pb2 as pb
+from memsvc.wire.convert import memory, timestamp
 
 _ITEM_TYPES = {
     ItemKind.FACT: pb.ITEM_TYPE_FACT,

@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from memsvc import metrics, request_context
 from memsvc.errors import InvalidArgument
-from memsvc.server import status
+from memsvc.observability import call_context, metrics
+from memsvc.server import request_context, status
 
 log = logging.getLogger(__name__)
 
@@ -82,9 +82,9 @@ class _Call:
         rid = request_context.accept_request_id(_caller_request_id(context))
         context.set_trailing_metadata(((request_context.REQUEST_ID_HEADER, rid),))
         self._tokens: tuple[contextvars.Token[str | None], ...] = (
-            request_context.request_id.set(rid),
-            request_context.rpc.set(path.lstrip("/")),
-            request_context.tenant.set(None),  # the servicer sets it after authentication
+            call_context.request_id.set(rid),
+            call_context.rpc.set(path.lstrip("/")),
+            call_context.tenant.set(None),  # the servicer sets it after authentication
         )
         self._labels = labels
         metrics.RPC_STARTED.labels(*labels).inc()
@@ -96,9 +96,9 @@ class _Call:
         metrics.RPC_HANDLED.labels(*self._labels, code.name).inc()
         metrics.RPC_IN_FLIGHT.labels(*self._labels).dec()
         request_id, rpc, tenant = self._tokens
-        request_context.tenant.reset(tenant)
-        request_context.rpc.reset(rpc)
-        request_context.request_id.reset(request_id)
+        call_context.tenant.reset(tenant)
+        call_context.rpc.reset(rpc)
+        call_context.request_id.reset(request_id)
 
 
 class ObservingInterceptor(_ServerInterceptor):

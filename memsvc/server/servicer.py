@@ -10,10 +10,8 @@ from typing import TypeVar
 
 import grpc
 
-from memsvc import request_context
-from memsvc.admission import InFlightLimit, TenantLimits
+from memsvc.concurrency.deadline import Budget
 from memsvc.config import Settings
-from memsvc.deadline import Budget
 from memsvc.embedding import EmbeddingError
 from memsvc.errors import (
     DeadlineExceeded,
@@ -24,15 +22,25 @@ from memsvc.errors import (
 )
 from memsvc.export.service import ExportService
 from memsvc.ingest.service import IngestService
-from memsvc.memories.model import Scope
 from memsvc.memories.service import MemoryService
+from memsvc.observability import call_context
 from memsvc.prefetch.service import PrefetchService
 from memsvc.retrieval.recall import RecallService
-from memsvc.server import convert, convert_read, status, validate, validate_export, validate_read
+from memsvc.server import (
+    convert,
+    convert_read,
+    status,
+    validate,
+    validate_export,
+    validate_read,
+)
+from memsvc.server.admission import InFlightLimit, TenantLimits
 from memsvc.server.auth import Authenticator, Metadata
 from memsvc.storage.errors import map_db_error
+from memsvc.storage.model import Scope
 from memsvc.v1 import memory_pb2 as pb
 from memsvc.v1 import memory_pb2_grpc as pb_grpc
+from memsvc.wire import convert as wire
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +113,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         error: MemsvcError
         try:
             tenant = await self._auth.tenant(_metadata(context))
-            request_context.tenant.set(tenant)
+            call_context.tenant.set(tenant)
             # After authentication, so a tenant is limited by what it sends, never by others.
             with self._tenants.admit(tenant):
                 budget = Budget.from_remaining(
@@ -141,7 +149,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             memory = validate.remember(request, self._settings)
             done = await self._memories.remember(scope, memory, budget)
             return pb.RememberResponse(
-                memory=convert.memory(done.record),
+                memory=wire.memory(done.record),
                 reinforced=done.reinforced,
                 redactions=done.redactions,
             )
@@ -159,7 +167,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             new_content = validate.content(request.new_content, "new_content", self._settings)
             reason = validate.short_text(request.reason, "reason", self._settings.max_reason_chars)
             record = await self._memories.correct(scope, memory_id, new_content, reason, budget)
-            return convert.memory(record)
+            return wire.memory(record)
 
         return await self._run(
             context, "Correct", handle, default_deadline_ms=self._write_deadline()
@@ -208,7 +216,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             query = validate.list_query(request, self._settings)
             page = await self._memories.list_page(scope, query, budget)
             return pb.ListMemoriesResponse(
-                memories=[convert.memory(r) for r in page.memories],
+                memories=[wire.memory(r) for r in page.memories],
                 next_page_token=(
                     validate.encode_page_token(page.next_after) if page.next_after else ""
                 ),
@@ -227,7 +235,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             )
             memory_id = validate.memory_id(request.memory_id)
             versions = await self._memories.history(scope, memory_id, budget)
-            return pb.GetMemoryHistoryResponse(versions=[convert.memory(r) for r in versions])
+            return pb.GetMemoryHistoryResponse(versions=[wire.memory(r) for r in versions])
 
         return await self._run(
             context, "GetMemoryHistory", handle, default_deadline_ms=self._write_deadline()
@@ -326,7 +334,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         error: MemsvcError
         try:
             tenant = await self._auth.tenant(_metadata(context))
-            request_context.tenant.set(tenant)
+            call_context.tenant.set(tenant)
             with self._tenants.admit(tenant):
                 subject = validate_export.export(request, tenant, self._settings)
                 budget = Budget.from_remaining(

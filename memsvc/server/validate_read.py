@@ -9,10 +9,10 @@ import numpy as np
 
 from memsvc.config import Settings
 from memsvc.errors import InvalidArgument
-from memsvc.memories.model import Scope
 from memsvc.prefetch.model import PrefetchQuery
 from memsvc.retrieval.query import DEFAULT_KINDS, ItemKind, Mode, RecallQuery
 from memsvc.server import validate
+from memsvc.storage.model import Scope
 from memsvc.v1 import memory_pb2 as pb
 
 _KINDS = {

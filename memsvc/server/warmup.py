@@ -30,14 +30,14 @@ import numpy as np
 import numpy.typing as npt
 from redis.asyncio import Redis
 
-from memsvc.deadline import Budget
-from memsvc.memories.model import Scope
+from memsvc.concurrency.deadline import Budget
 from memsvc.prefetch.model import PrefetchQuery
 from memsvc.prefetch.service import PrefetchService
 from memsvc.retrieval.dense import dense_hits
 from memsvc.retrieval.lexical import lexical_hits
 from memsvc.retrieval.query import DEFAULT_KINDS, Mode, RecallQuery
 from memsvc.retrieval.recall import RecallService
+from memsvc.storage.model import Scope
 
 log = logging.getLogger(__name__)
 

@@ -1,1 +1,4 @@
-"""PostgreSQL storage: migrations, the connection pool and one repository per tier."""
+"""PostgreSQL storage.
+
+Migrations, the connection pool, the domain records and one repository per tier.
+"""

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 import asyncpg
 
-from memsvc.memories.model import MemoryRecord, Scope
 from memsvc.storage.memories import COLUMNS, record_from_row
+from memsvc.storage.model import MemoryRecord, Scope
 from memsvc.storage.scope_sql import EXACT_SCOPE
 
 _EXACT = EXACT_SCOPE

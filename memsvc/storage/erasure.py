@@ -10,14 +10,13 @@ source messages gone and writes nothing.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import asyncpg
 
-from memsvc.extraction.predicates import TOPIC_OF_PREDICATE
-from memsvc.memories.model import Scope
 from memsvc.storage import messages
 from memsvc.storage.extraction import lock_user
+from memsvc.storage.model import Scope
 from memsvc.storage.scope_sql import EXACT_SCOPE
 
 # Every table with rows about a user (keyed by tenant_id, user_id). Listing them makes
@@ -78,11 +77,15 @@ async def erase_scope(conn: asyncpg.Connection, scope: Scope) -> int:
 
 
 async def erase_memories(
-    conn: asyncpg.Connection, scope: Scope, lineage_ids: Sequence[uuid.UUID]
+    conn: asyncpg.Connection,
+    scope: Scope,
+    lineage_ids: Sequence[uuid.UUID],
+    topic_of_predicate: Mapping[str, str],
 ) -> int:
     """Every version of the given memories and what was derived from them: their source
     messages, the episodes' text (an episode with no other fact goes entirely, another is
-    rewritten from its remaining facts and re-embedded), and topics left without episodes.
+    rewritten from its remaining facts and re-embedded), and topics left without episodes
+    (`topic_of_predicate`: the extractor's topic for each predicate it stores).
     Returns memory rows deleted."""
     tenant, user = scope.tenant_id, scope.user_id
     await lock_user(conn, tenant, user)
@@ -126,7 +129,7 @@ async def erase_memories(
                 list(r["source_message_ids"]),
             )
     await messages.reindex_sessions(conn, touched)
-    await _rewrite_episodes(conn, tenant, user, episodes)
+    await _rewrite_episodes(conn, tenant, user, episodes, topic_of_predicate)
     await conn.execute(
         "DELETE FROM topics t WHERE t.tenant_id = $1 AND t.user_id = $2 AND NOT EXISTS ("
         " SELECT 1 FROM topic_episodes e WHERE e.tenant_id = t.tenant_id"
@@ -138,7 +141,11 @@ async def erase_memories(
 
 
 async def _rewrite_episodes(
-    conn: asyncpg.Connection, tenant: str, user: str, episode_ids: Sequence[uuid.UUID]
+    conn: asyncpg.Connection,
+    tenant: str,
+    user: str,
+    episode_ids: Sequence[uuid.UUID],
+    topic_of_predicate: Mapping[str, str],
 ) -> None:
     """Episodes that summarised an erased fact: gone when it was their only fact, otherwise
     rebuilt from the facts that remain (free text that may quote the erased fact — summary,
@@ -174,7 +181,7 @@ async def _rewrite_episodes(
         )
         # Topics the erased facts alone fed. Known only when every remaining fact's predicate
         # maps to a topic (the rules extractor's); otherwise every topic edge is kept.
-        kept = {TOPIC_OF_PREDICATE.get(r["predicate"]) for r in remaining}
+        kept = {topic_of_predicate.get(r["predicate"]) for r in remaining}
         if None not in kept:
             await conn.execute(
                 "DELETE FROM topic_episodes te USING topics t"

@@ -16,7 +16,7 @@ from typing import Any
 
 import asyncpg
 
-from memsvc.memories.model import Scope
+from memsvc.storage.model import Scope
 from memsvc.storage.references import last_referenced_sql
 
 # Marks the export's statements in pg_stat_activity (and lets a test find them).

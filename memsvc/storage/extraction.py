@@ -11,8 +11,7 @@ import asyncpg
 import numpy as np
 import orjson
 
-from memsvc.extraction.base import CandidateEpisode, ExistingFact
-from memsvc.memories.model import Scope
+from memsvc.storage.model import CandidateEpisode, ExistingFact, Scope
 from memsvc.storage.scope_sql import EXACT_SCOPE
 
 _EXACT_SCOPE = EXACT_SCOPE

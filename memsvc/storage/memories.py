@@ -10,8 +10,8 @@ from typing import Any
 import asyncpg
 import numpy as np
 
-from memsvc.memories.model import ListQuery, MemoryRecord, NewMemory, Page, Scope, Sharing
 from memsvc.storage import retention
+from memsvc.storage.model import ListQuery, MemoryRecord, NewMemory, Page, Scope, Sharing
 from memsvc.storage.references import last_referenced_sql
 
 # Visible from a scope: rows written in exactly that scope, plus rows of the same user that

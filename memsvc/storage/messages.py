@@ -10,7 +10,7 @@ from datetime import datetime
 import asyncpg
 import numpy as np
 
-from memsvc.memories.model import Scope
+from memsvc.storage.model import Scope
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from typing import Any
 import asyncpg
 import orjson
 
-from memsvc.memories.model import Scope
+from memsvc.storage.model import Scope
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ from contextlib import asynccontextmanager
 import asyncpg
 from pgvector.asyncpg import register_vector
 
+from memsvc.concurrency.deadline import Budget
 from memsvc.config import Settings
-from memsvc.deadline import Budget
 from memsvc.errors import ResourceExhausted
 from memsvc.storage.migrate import migrate
 

@@ -13,9 +13,9 @@ from collections.abc import Iterable, Sequence
 
 import asyncpg
 
-from memsvc.memories.model import Scope
 from memsvc.storage import messages
 from memsvc.storage.extraction import lock_user
+from memsvc.storage.model import Scope
 
 USER_CONTROLLED = "user-controlled"
 SESSION = "session"

@@ -6,7 +6,7 @@ import uuid
 
 import asyncpg
 
-from memsvc.memories.model import Scope
+from memsvc.storage.model import Scope
 
 # One per persona scope; is_persona marks it, the name only has to be unique in the scope.
 PERSONA_TOPIC_NAME = "__persona__"

@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 
 import asyncpg
 
-from memsvc import metrics
+from memsvc.observability import metrics
 from memsvc.storage.references import mark_referenced
 
 log = logging.getLogger(__name__)

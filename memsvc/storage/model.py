@@ -112,3 +112,27 @@ class ListQuery:
 class Page:
     memories: list[MemoryRecord] = field(default_factory=list)
     next_after: tuple[datetime, uuid.UUID] | None = None
+
+
+@dataclass(frozen=True)
+class CandidateEpisode:
+    """An episode as an extractor proposes it and storage writes it."""
+
+    title: str
+    summary: str
+    excerpt: str
+    source_message_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ExistingFact:
+    """An active stored fact near a candidate, as shown to a decider."""
+
+    memory_id: uuid.UUID
+    content: str
+    subject: str
+    predicate: str
+    object: str
+    similarity: float
+    # When the stored fact became true: a statement said before it never replaces it.
+    valid_from: datetime | None = None

@@ -15,8 +15,8 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
-from memsvc import metrics
 from memsvc.errors import ResourceExhausted
+from memsvc.observability import metrics
 
 RETRY_AFTER_S = 0.1
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from memsvc import metrics
-from memsvc.extraction.pipeline import ExtractionPipeline, Outcome
+from memsvc.ingest.pipeline import ExtractionPipeline, Outcome
+from memsvc.observability import metrics
 from memsvc.storage import outbox
 from memsvc.storage.outbox import Job
 

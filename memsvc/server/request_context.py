@@ -1,23 +1,11 @@
-"""The current call's request id, RPC name and tenant, carried by contextvars for the logs.
-
-The server interceptor sets the request id and RPC when a handler starts, the servicer adds
-the tenant once the caller is authenticated. Tasks started by the handler (retrieval legs)
-copy the context, so their log lines carry the same ids.
-"""
+"""The request id a call is logged under: the caller's x-request-id when safe, else a fresh one."""
 
 from __future__ import annotations
 
-import contextvars
 import uuid
 
 REQUEST_ID_HEADER = "x-request-id"
 MAX_REQUEST_ID_CHARS = 128
-
-request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "memsvc_request_id", default=None
-)
-rpc: contextvars.ContextVar[str | None] = contextvars.ContextVar("memsvc_rpc", default=None)
-tenant: contextvars.ContextVar[str | None] = contextvars.ContextVar("memsvc_tenant", default=None)
 
 
 def new_request_id() -> str:

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from memsvc.memories.model import MemoryRecord
+from memsvc.storage.model import MemoryRecord
 
 SECONDS_PER_DAY = 86_400.0
 CORRECTION = "correction"

@@ -11,6 +11,8 @@ import redis.asyncio as aioredis
 
 from memsvc.cache.invalidation import PacketInvalidator
 from memsvc.cache.packets import PacketCache
+from memsvc.concurrency.fanout import LegRunner
+from memsvc.concurrency.loop_lag import LoopLag
 from memsvc.config import Settings
 from memsvc.embedding import Embedder
 from memsvc.embedding.factory import build_embedder
@@ -19,23 +21,21 @@ from memsvc.export.service import ExportConfig, ExportService
 from memsvc.extraction.base import Extractor
 from memsvc.extraction.factory import build_extractor
 from memsvc.extraction.guardrails import Thresholds
-from memsvc.extraction.pipeline import ExtractionPipeline, PipelineSettings
-from memsvc.fanout import LegRunner
+from memsvc.governance import trust
+from memsvc.governance.expiry import ExpirySettings, ExpiryTask
 from memsvc.governance.guard import PiiGuard
 from memsvc.governance.policy import TenantPolicies, parse_pii_policy
+from memsvc.ingest.pipeline import ExtractionPipeline, PipelineSettings
+from memsvc.ingest.reconcile import mark_stale, reconcile_once
 from memsvc.ingest.service import IngestService
-from memsvc.loop_lag import LoopLag
-from memsvc.memories import trust
+from memsvc.ingest.worker import OutboxWorker, WorkerSettings
 from memsvc.memories.compaction import CoreCompactor, CoreLimits, CoreSummarizer
 from memsvc.memories.service import MemoryService
 from memsvc.prefetch.service import PrefetchConfig, PrefetchService
 from memsvc.retrieval.embed_cache import EmbeddingLRU, QueryEmbedder
 from memsvc.retrieval.recall import RecallConfig, RecallService
+from memsvc.retrieval.references import ReferenceRecorder
 from memsvc.storage.pool import connect_and_migrate
-from memsvc.workers.expiry import ExpirySettings, ExpiryTask
-from memsvc.workers.outbox_worker import OutboxWorker, WorkerSettings
-from memsvc.workers.reconcile import mark_stale, reconcile_once
-from memsvc.workers.references import ReferenceRecorder
 
 
 def embedder_from_settings(settings: Settings, *, background: bool = False) -> Embedder:

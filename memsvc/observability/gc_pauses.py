@@ -27,7 +27,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator
 
-from memsvc import metrics
+from memsvc.observability import metrics
 
 log = logging.getLogger(__name__)
 

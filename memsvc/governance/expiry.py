@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from memsvc import metrics
 from memsvc.cache.invalidation import PacketInvalidator
+from memsvc.observability import metrics
 from memsvc.storage import retention
 
 log = logging.getLogger(__name__)

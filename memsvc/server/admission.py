@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from memsvc import metrics
 from memsvc.errors import ResourceExhausted
+from memsvc.observability import metrics
 
 # Retry hint when a cap on calls in flight is reached: a slot frees as soon as one of those
 # calls ends (reads within their deadline, typically tens of ms), so a short pause is enough

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field, fields, replace
 import asyncpg
 import numpy as np
 
-from memsvc import metrics
 from memsvc.cache.invalidation import PacketInvalidator
 from memsvc.embedding import Embedder
 from memsvc.extraction.base import (
@@ -42,10 +41,11 @@ from memsvc.extraction.predicates import HISTORICAL_OF, OPPOSITE
 from memsvc.governance.guard import PiiGuard
 from memsvc.governance.pii import Screened
 from memsvc.memories.compaction import CoreCompactor
-from memsvc.memories.model import NewMemory, Scope
 from memsvc.memories.normalize import content_hash, normalize_content
+from memsvc.observability import metrics
 from memsvc.storage import extraction as store
 from memsvc.storage import memories, messages, retention, versions
+from memsvc.storage.model import NewMemory, Scope
 from memsvc.storage.outbox import Job
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from types import TracebackType
 
 import orjson
 
-from memsvc import request_context
+from memsvc.observability import call_context
 
 CONTEXT_FIELDS = ("request_id", "rpc", "tenant")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
@@ -29,9 +29,9 @@ class ContextFilter(logging.Filter):
     """Stamps each record with the current call's ids, in the context of the logging call."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        record.request_id = request_context.request_id.get()
-        record.rpc = request_context.rpc.get()
-        record.tenant = request_context.tenant.get()
+        record.request_id = call_context.request_id.get()
+        record.rpc = call_context.rpc.get()
+        record.tenant = call_context.tenant.get()
         return True
 
 

@@ -1,0 +1,1 @@
+"""The contract's messages built from domain records, below every layer that answers with them."""

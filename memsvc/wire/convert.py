@@ -1,0 +1,83 @@
+"""Domain records as the contract's messages (pure).
+
+Shared by the edge (server/) and by the read path, whose cached Prefetch packet is the
+contract's PrefetchResponse itself.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from memsvc.storage.model import MemoryRecord
+from memsvc.v1 import memory_pb2 as pb
+
+_STATUS = {
+    "active": pb.MEMORY_STATUS_ACTIVE,
+    "superseded": pb.MEMORY_STATUS_SUPERSEDED,
+}
+_RETENTION = {
+    "user-controlled": pb.RETENTION_POLICY_USER_CONTROLLED,
+    "session": pb.RETENTION_POLICY_SESSION,
+    "ttl": pb.RETENTION_POLICY_TTL,
+}
+
+
+def timestamp(value: datetime) -> Timestamp:
+    ts = Timestamp()
+    ts.FromDatetime(value)
+    return ts
+
+
+def memory(record: MemoryRecord) -> pb.Memory:
+    msg = pb.Memory(
+        memory_id=str(record.memory_id),
+        scope=pb.Scope(
+            user_id=record.scope.user_id,
+            persona_id=record.scope.persona_id,
+            agent_id=record.scope.agent_id,
+        ),
+        content=record.content,
+        subject=record.subject,
+        predicate=record.predicate,
+        object=record.object,
+        category=record.category,
+        role=record.role,
+        confidence=record.confidence,
+        reinforced_count=record.reinforced_count,
+        pinned=record.pinned,
+        valid_from=timestamp(record.valid_from),
+        recorded_at=timestamp(record.recorded_at),
+        supersedes_id=str(record.supersedes_id) if record.supersedes_id else "",
+        superseded_by_id=str(record.superseded_by_id) if record.superseded_by_id else "",
+        source_message_ids=list(record.source_message_ids),
+        session_id=record.session_id,
+        status=_STATUS.get(record.status, pb.MEMORY_STATUS_UNSPECIFIED),
+        sharing=pb.Sharing(
+            all_agents=record.sharing.all_agents, all_personas=record.sharing.all_personas
+        ),
+        origin=record.origin,
+        correction_reason=record.correction_reason,
+    )
+    if record.invalid_at is not None:
+        msg.invalid_at.CopyFrom(timestamp(record.invalid_at))
+    msg.retention_policy = _RETENTION.get(record.retention_policy, pb.RETENTION_POLICY_UNSPECIFIED)
+    if record.expires_at is not None:
+        msg.expires_at.CopyFrom(timestamp(record.expires_at))
+    _trust_fields(msg, record)
+    return msg
+
+
+def _trust_fields(msg: pb.Memory, record: MemoryRecord) -> None:
+    """Decay and reference fields; a record no service decorated shows its stored trust."""
+    msg.effective_confidence = (
+        record.confidence if record.effective_confidence is None else record.effective_confidence
+    )
+    for name, value in (
+        ("last_reinforced_at", record.last_reinforced_at),
+        ("last_referenced_at", record.last_referenced_at),
+        ("demoted_at", record.demoted_at),
+    ):
+        if value is not None:
+            getattr(msg, name).CopyFrom(timestamp(value))

@@ -1,1 +1,0 @@
-"""Durable background work: the outbox worker (extraction) and the embedding reconciler."""
