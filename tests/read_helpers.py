@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -26,6 +26,7 @@ from memsvc.storage.model import Scope
 from memsvc.v1 import memory_pb2 as pb
 from memsvc.v1 import memory_pb2_grpc
 from tests.conftest import Caller, _KeyedStub
+from tests.slowed_stages import slow_stages
 
 NOW = datetime.now(UTC)
 
@@ -184,17 +185,22 @@ StartServer = Callable[..., Awaitable[tuple[MemsvcServer, grpc.aio.Channel]]]
 
 @pytest.fixture
 async def start_server(settings: Settings, embedder: Embedder) -> AsyncIterator[StartServer]:
-    """Factory: another memsvc on the session's databases, with settings overridden (and,
-    with ``slow_embedder_s``, an embedder that is that slow). Stopped after the test."""
+    """Factory: another memsvc on the session's databases, with settings overridden (with
+    ``slow_embedder_s``, an embedder that is that slow; with ``slow_stages_ms``, read stages
+    that sleep in PostgreSQL, see tests/slowed_stages.py). Stopped after the test."""
     started: list[tuple[MemsvcServer, grpc.aio.Channel]] = []
 
     async def start(
-        *, slow_embedder_s: float = 0.0, **overrides: Any
+        *,
+        slow_embedder_s: float = 0.0,
+        slow_stages_ms: Mapping[str, float] | None = None,
+        **overrides: Any,
     ) -> tuple[MemsvcServer, grpc.aio.Channel]:
         used: Embedder = SlowEmbedder(embedder, slow_embedder_s) if slow_embedder_s else embedder
         overrides.setdefault("deadline_margin_ms", TEST_MARGIN_MS)
         srv = MemsvcServer(settings.with_overrides(**overrides), embedder=used, with_worker=False)
         await srv.start()
+        slow_stages(srv, slow_stages_ms or {})
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{srv.port}")
         started.append((srv, channel))
         return srv, channel

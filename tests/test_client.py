@@ -118,7 +118,7 @@ async def test_deadline_presets_reach_the_server(caller: Caller, start_server: S
     (OK, degraded) exactly when the budget it derived from the call's deadline runs out:
     its own ``timings.total_ms`` is that budget (deadline minus its margin) as the handler saw
     it. Nothing on the client side is measured."""
-    srv, _ = await start_server(debug_stage_delays_ms=(("dense", SLOW_MS), ("lexical", SLOW_MS)))
+    srv, _ = await start_server(slow_stages_ms=dict((("dense", SLOW_MS), ("lexical", SLOW_MS))))
     request = pb.RecallRequest(scope=scope("alice"), query="coffee")
     async with client_for(srv.port, caller) as client:
         await client.recall(request, timeout=2.0)  # warm the channel and the query embedder

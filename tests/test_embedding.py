@@ -23,7 +23,6 @@ from memsvc.embedding import assets as assets_module
 from memsvc.embedding.assets import AssetError
 from memsvc.embedding.base import EmbeddingTimeout
 from memsvc.embedding.factory import build_embedder
-from memsvc.embedding.fake import DeterministicFakeEmbedder
 from memsvc.embedding.onnx_minilm import OnnxMiniLMEmbedder
 from memsvc.embedding.openai_http import OpenAIHTTPEmbedder
 
@@ -463,18 +462,7 @@ def test_http_endpoint_paths() -> None:
     assert "https://api.example.invalid/openai/v1/embeddings" in repr(prefixed)
 
 
-# --- the fake and the factory ---------------------------------------------------------
-
-
-async def test_fake_is_deterministic_bag_of_words() -> None:
-    fake = DeterministicFakeEmbedder(dimension=64)
-    vectors = await fake.embed(["Red apple pie", "red apple", "zebra crossing"])
-    again = await DeterministicFakeEmbedder(dimension=64).embed(["Red apple pie"])
-    np.testing.assert_array_equal(vectors[0], again[0])
-    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-6)
-    assert float(vectors[0] @ vectors[1]) > float(vectors[0] @ vectors[2])
-    assert isinstance(fake, Embedder)
-    await fake.aclose()
+# --- the factory ---------------------------------------------------------
 
 
 async def test_factory_builds_each_kind() -> None:

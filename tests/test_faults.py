@@ -17,7 +17,7 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,6 @@ import redis.asyncio as aioredis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from memsvc.config import Settings
-from memsvc.debug_delay import MARKER
 from memsvc.embedded import EmbeddedStack
 from memsvc.embedding import Embedder
 from memsvc.server.app import MemsvcServer
@@ -40,6 +39,7 @@ from memsvc.v1 import memory_pb2_grpc
 from tests.conftest import Caller, _KeyedStub
 from tests.ingest_helpers import ASSISTANT, msg
 from tests.read_helpers import TEST_MARGIN_MS, pscope
+from tests.slowed_stages import MARKER, slow_stages
 
 OK = grpc.StatusCode.OK
 UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
@@ -97,7 +97,12 @@ async def start_own(own_stack: EmbeddedStack, embedder: Embedder) -> AsyncIterat
     """Factory: an in-process memsvc (port 0) on the test's stack, with a tenant and its key."""
     started: list[tuple[MemsvcServer, grpc.aio.Channel]] = []
 
-    async def start(*, with_worker: bool = False, **overrides: Any) -> Own:
+    async def start(
+        *,
+        with_worker: bool = False,
+        slow_stages_ms: Mapping[str, float] | None = None,
+        **overrides: Any,
+    ) -> Own:
         settings = Settings(
             grpc_host="127.0.0.1",
             grpc_port=0,
@@ -110,6 +115,7 @@ async def start_own(own_stack: EmbeddedStack, embedder: Embedder) -> AsyncIterat
         ).with_overrides(**overrides)
         srv = MemsvcServer(settings, embedder=embedder, with_worker=with_worker)
         await srv.start()
+        slow_stages(srv, slow_stages_ms or {})
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{srv.port}")
         started.append((srv, channel))
         return Own(srv, channel, await _tenant(srv, channel))
@@ -306,9 +312,8 @@ async def _mixed_load(own: Own, loop: int, stop: asyncio.Event, calls: list[Call
 async def test_postgres_restarted_mid_load(own_stack: EmbeddedStack, start_own: StartOwn) -> None:
     own = await start_own(
         with_worker=True,
-        debug_stage_delays_ms=tuple(
-            (stage, READ_STAGE_MS)
-            for stage in ("dense", "lexical", "prefetch_core", "prefetch_relevant")
+        slow_stages_ms=dict.fromkeys(
+            ("dense", "lexical", "prefetch_core", "prefetch_relevant"), READ_STAGE_MS
         ),
         worker_lease_s=4.0,
         worker_job_timeout_s=3.0,

@@ -16,7 +16,6 @@ import asyncpg
 import grpc
 import pytest
 
-from memsvc.debug_delay import MARKER
 from memsvc.retrieval.dense import dense_sql
 from memsvc.retrieval.lexical import lexical_sql
 from memsvc.retrieval.query import DEFAULT_KINDS
@@ -24,6 +23,7 @@ from memsvc.v1 import memory_pb2 as pb
 from tests.conftest import Caller
 from tests.read_helpers import StartServer, pscope, stub_for
 from tests.read_helpers import start_server as start_server  # fixture
+from tests.slowed_stages import MARKER
 from tests.test_explicit_memory import remember
 
 FACT = pb.ITEM_TYPE_FACT
@@ -84,7 +84,7 @@ async def test_one_slow_leg_is_cancelled_and_the_other_answers(
     survivor: str,
 ) -> None:
     query = await seeded(caller)
-    _srv, channel = await start_server(debug_stage_delays_ms=((slowed, SLOW_S * 1000),))
+    _srv, channel = await start_server(slow_stages_ms=dict(((slowed, SLOW_S * 1000),)))
     call = stub_for(channel, caller).Recall(
         pb.RecallRequest(scope=pscope(), query=query), timeout=0.6
     )
@@ -102,7 +102,7 @@ async def test_both_legs_slow_is_ok_empty_and_degraded(
 ) -> None:
     query = await seeded(caller)
     _srv, channel = await start_server(
-        debug_stage_delays_ms=(("dense", SLOW_S * 1000), ("lexical", SLOW_S * 1000))
+        slow_stages_ms=dict((("dense", SLOW_S * 1000), ("lexical", SLOW_S * 1000)))
     )
     reply, elapsed = await timed(
         stub_for(channel, caller).Recall(pb.RecallRequest(scope=pscope(), query=query), timeout=0.4)
@@ -117,7 +117,7 @@ async def test_cancelled_leg_query_really_stops_on_the_server(
     caller: Caller, pool: asyncpg.Pool, start_server: StartServer
 ) -> None:
     query = await seeded(caller)
-    _srv, channel = await start_server(debug_stage_delays_ms=(("dense", SLOW_S * 1000),))
+    _srv, channel = await start_server(slow_stages_ms=dict((("dense", SLOW_S * 1000),)))
     call = asyncio.ensure_future(
         stub_for(channel, caller).Recall(pb.RecallRequest(scope=pscope(), query=query), timeout=1.5)
     )
@@ -185,7 +185,7 @@ async def test_no_deadline_uses_the_configured_default(
 ) -> None:
     query = await seeded(caller)
     _srv, channel = await start_server(
-        debug_stage_delays_ms=(("dense", SLOW_S * 1000), ("lexical", SLOW_S * 1000)),
+        slow_stages_ms=dict((("dense", SLOW_S * 1000), ("lexical", SLOW_S * 1000))),
         recall_default_deadline_ms=300,
     )
     reply, elapsed = await timed(
@@ -201,7 +201,7 @@ async def test_overload_is_shed_with_resource_exhausted(
 ) -> None:
     query = await seeded(caller)
     _srv, channel = await start_server(
-        debug_stage_delays_ms=(("dense", SLOW_S * 1000),), reads_max_in_flight=1
+        slow_stages_ms=dict((("dense", SLOW_S * 1000),)), reads_max_in_flight=1
     )
     s = stub_for(channel, caller)
     first = asyncio.ensure_future(
@@ -222,9 +222,7 @@ async def test_prefetch_slow_walk_keeps_core_facts(
 ) -> None:
     await remember(caller, "Vegetarian", role="core")
     await remember(caller, "Likes jazz")
-    _srv, channel = await start_server(
-        debug_stage_delays_ms=(("prefetch_relevant", SLOW_S * 1000),)
-    )
+    _srv, channel = await start_server(slow_stages_ms=dict((("prefetch_relevant", SLOW_S * 1000),)))
     reply, elapsed = await timed(
         stub_for(channel, caller).Prefetch(
             pb.PrefetchRequest(scope=pscope(), hint="music"), timeout=0.3
@@ -240,7 +238,7 @@ async def test_prefetch_degraded_packets_are_not_cached(
     caller: Caller, start_server: StartServer
 ) -> None:
     await remember(caller, "Vegetarian", role="core")
-    _srv, slow = await start_server(debug_stage_delays_ms=(("prefetch_core", SLOW_S * 1000),))
+    _srv, slow = await start_server(slow_stages_ms=dict((("prefetch_core", SLOW_S * 1000),)))
     reply = await stub_for(slow, caller).Prefetch(pb.PrefetchRequest(scope=pscope()), timeout=0.3)
     # The core leg is missing (the fact still shows among the recent ones).
     assert reply.degraded and reply.counts.core.total == 0
@@ -257,9 +255,11 @@ async def test_prefetch_everything_slow_is_ok_and_empty(
 ) -> None:
     await remember(caller, "Vegetarian", role="core")
     _srv, channel = await start_server(
-        debug_stage_delays_ms=(
-            ("prefetch_core", SLOW_S * 1000),
-            ("prefetch_relevant", SLOW_S * 1000),
+        slow_stages_ms=dict(
+            (
+                ("prefetch_core", SLOW_S * 1000),
+                ("prefetch_relevant", SLOW_S * 1000),
+            )
         ),
         prefetch_default_deadline_ms=250,
     )

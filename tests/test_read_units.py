@@ -589,7 +589,6 @@ def test_read_settings_from_env_and_validation() -> None:
         30,
     )
     assert (s.packet_ttl_s, s.half_life_days, s.dense_exact_max_rows) == (60, 14.0, 5000)
-    assert s.debug_stage_delays_ms == ()
     with pytest.raises(ConfigError, match="RRF_K"):
         Settings.from_env({"MEMSVC_RRF_K": "0"})
     with pytest.raises(ConfigError, match="PACKET_DEFAULT_CHARS"):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 
 import asyncpg
@@ -53,9 +52,6 @@ class IngestService:
         # The tenant's message TTL (None: messages never expire).
         self._policies = policies
 
-    def _connection(self, budget: Budget) -> AbstractAsyncContextManager[asyncpg.Connection]:
-        return acquire(self._pool, budget, timeout_s=self._acquire_timeout_s)
-
     async def ingest(self, command: IngestCommand, budget: Budget) -> IngestReceipt:
         """Exactly two writes: the outbox row (its unique key makes retries free), the messages."""
         ingest_id = uuid.uuid4()
@@ -64,7 +60,7 @@ class IngestService:
             "goals": list(command.goals),
             "counterpart_persona_id": command.counterpart_persona_id,
         }
-        async with self._connection(budget) as conn:
+        async with acquire(self._pool, budget, timeout_s=self._acquire_timeout_s) as conn:
             ttl_s = 0
             if self._policies is not None and command.messages:
                 policy = await self._policies.get(command.scope.tenant_id, conn)
@@ -99,7 +95,7 @@ class IngestService:
         self, tenant_id: str, ingest_id: uuid.UUID, scope: Scope | None, budget: Budget
     ) -> outbox.JobStatus:
         """The job's status, visible only within the tenant (and the exact scope when given)."""
-        async with self._connection(budget) as conn:
+        async with acquire(self._pool, budget, timeout_s=self._acquire_timeout_s) as conn:
             found = await outbox.status(conn, tenant_id, ingest_id)
         if found is None or (scope is not None and found.scope != scope):
             raise NotFound(f"ingest {ingest_id} not found")

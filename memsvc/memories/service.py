@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Sequence
-from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import NamedTuple
@@ -70,9 +69,6 @@ class MemoryService:
         # The PII screen of every write (default: redact every kind).
         self._guard = guard or PiiGuard.default()
 
-    def _connection(self, budget: Budget) -> AbstractAsyncContextManager[asyncpg.Connection]:
-        return acquire(self._pool, budget, timeout_s=self._acquire_timeout_s)
-
     async def _embed_one(self, text: str, budget: Budget) -> np.ndarray | None:
         """The text's embedding, or None when the embedder failed (the row is marked missing
         and repaired later; the memory is still found by the lexical leg meanwhile)."""
@@ -93,7 +89,7 @@ class MemoryService:
         compactor = self._core_compactor(pinned=memory.pinned, role=memory.role)
         if compactor is not None:
             compactor.check_fits(scope, memory.content)
-        async with self._connection(budget) as conn:
+        async with acquire(self._pool, budget, timeout_s=self._acquire_timeout_s) as conn:
             # An exact duplicate needs no embedding: skip the model call when we can see it.
             duplicate = await store.find_active_duplicate(conn, scope, digest)
             embedding = None if duplicate else await self._embed_one(memory.content, budget)
@@ -129,7 +125,10 @@ class MemoryService:
         )
         digest = content_hash(new_content)
         embedding = await self._embed_one(new_content, budget)
-        async with self._connection(budget) as conn, conn.transaction():
+        async with (
+            acquire(self._pool, budget, timeout_s=self._acquire_timeout_s) as conn,
+            conn.transaction(),
+        ):
             if self._compactor is not None:
                 # Before any row lock: the order every core writer takes them in.
                 await self._compactor.lock(conn, scope)
@@ -199,7 +198,7 @@ class MemoryService:
         tenant's policy would keep some personal data."""
 
         async def corrects_core() -> bool:
-            async with self._connection(budget) as conn:
+            async with acquire(self._pool, budget, timeout_s=self._acquire_timeout_s) as conn:
                 old = await store.get_visible(conn, scope, memory_id)
             return old is not None and self._guard.is_core(old.role, old.pinned)
 
@@ -219,7 +218,10 @@ class MemoryService:
         """Hard-delete memories with every version and everything derived from them (source
         messages, episode and topic text, pending work for a scope or user); returns memory
         rows deleted."""
-        async with self._connection(budget) as conn, conn.transaction():
+        async with (
+            acquire(self._pool, budget, timeout_s=self._acquire_timeout_s) as conn,
+            conn.transaction(),
+        ):
             if erase_user:
                 deleted = await erasure.erase_user(conn, scope.tenant_id, scope.user_id)
             elif all_in_scope:
@@ -242,7 +244,7 @@ class MemoryService:
         return deleted
 
     async def list_page(self, scope: Scope, query: ListQuery, budget: Budget) -> Page:
-        async with self._connection(budget) as conn:
+        async with acquire(self._pool, budget, timeout_s=self._acquire_timeout_s) as conn:
             page = await store.list_page(conn, scope, query)
         if self._references is not None:
             self._references.record(
@@ -254,7 +256,7 @@ class MemoryService:
         self, scope: Scope, memory_id: uuid.UUID, budget: Budget
     ) -> list[MemoryRecord]:
         """The supersession chain holding the memory, oldest first."""
-        async with self._connection(budget) as conn:
+        async with acquire(self._pool, budget, timeout_s=self._acquire_timeout_s) as conn:
             record = await store.get_visible(conn, scope, memory_id)
             if record is None:
                 raise NotFound(f"memory {memory_id} not found in this scope")

@@ -20,8 +20,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Coroutine, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -35,7 +34,6 @@ from memsvc.concurrency.fanout import LegRunner, late
 from memsvc.concurrency.loop_lag import LoopLag
 from memsvc.concurrency.single_flight import SingleFlight
 from memsvc.config import Settings
-from memsvc.debug_delay import delays_from_settings, maybe_sleep
 from memsvc.embedding import EmbeddingError
 from memsvc.embedding.base import EmbeddingTimeout
 from memsvc.errors import ResourceExhausted
@@ -64,6 +62,7 @@ from memsvc.retrieval.scope_filter import keep_visible, memory_visible
 from memsvc.retrieval.sources import statement_timeout
 from memsvc.storage import versions
 from memsvc.storage.model import MemoryRecord
+from memsvc.storage.pool import acquire
 from memsvc.v1 import memory_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -92,7 +91,6 @@ class PrefetchConfig:
     acquire_timeout_s: float
     redis_timeout_s: float
     max_loop_lag_s: float = 0.0
-    delays: Mapping[str, float] = field(default_factory=dict)
     trust_policy: trust.TrustPolicy = field(default_factory=trust.TrustPolicy)
 
     @classmethod
@@ -110,7 +108,6 @@ class PrefetchConfig:
             acquire_timeout_s=settings.pg_acquire_timeout_ms / 1000,
             redis_timeout_s=settings.redis_timeout_ms / 1000,
             max_loop_lag_s=settings.reads_max_loop_lag_ms / 1000,
-            delays=delays_from_settings(settings.debug_stage_delays_ms),
             trust_policy=trust.policy_from(settings.confidence_half_life_days),
         )
 
@@ -184,13 +181,6 @@ class PrefetchService:
         #: Packets built from PostgreSQL so far (cache hits and joined flights build none).
         self.builds = 0
 
-    @asynccontextmanager
-    async def _connection(self, budget: Budget) -> AsyncIterator[asyncpg.Connection]:
-        async with self._pool.acquire(
-            timeout=max(budget.cap(self._config.acquire_timeout_s), 0.001)
-        ) as conn:
-            yield conn
-
     async def prefetch(self, query: PrefetchQuery, budget: Budget) -> PrefetchResult:
         if self._loop_lag is not None:
             self._loop_lag.admit_read(self._config.max_loop_lag_s)
@@ -253,7 +243,12 @@ class PrefetchService:
         reading v holds data at least as new as v."""
         scope = query.scope
         try:
-            async with asyncio.timeout(budget.remaining()), self._connection(budget) as conn:
+            async with (
+                asyncio.timeout(budget.remaining()),
+                acquire(
+                    self._pool, budget, timeout_s=self._config.acquire_timeout_s, busy_is_late=True
+                ) as conn,
+            ):
                 return await versions.current_version(conn, scope.tenant_id, scope.user_id)
         except TimeoutError:
             if not budget.expired:
@@ -350,8 +345,9 @@ class PrefetchService:
 
     async def _core_leg(self, query: PrefetchQuery, budget: Budget) -> _CoreParts:
         cfg = self._config
-        async with self._connection(budget) as conn:
-            await maybe_sleep(conn, cfg.delays, "prefetch_core")
+        async with acquire(
+            self._pool, budget, timeout_s=self._config.acquire_timeout_s, busy_is_late=True
+        ) as conn:
             core = await queries.core_facts(
                 conn,
                 query.scope,
@@ -386,8 +382,9 @@ class PrefetchService:
         parts = _RelevantParts([], [])
         vector = await self._embed_hint(hint, budget, parts) if hint else None
         now = datetime.now(UTC)
-        async with self._connection(budget) as conn:
-            await maybe_sleep(conn, cfg.delays, "prefetch_relevant")
+        async with acquire(
+            self._pool, budget, timeout_s=self._config.acquire_timeout_s, busy_is_late=True
+        ) as conn:
             topic_rows = await queries.topics(
                 conn,
                 scope,
@@ -467,7 +464,6 @@ class PrefetchService:
                 exact_max_rows=cfg.exact_max_rows,
                 as_of=None,
                 budget=budget,
-                delays={},
             )
         legs["lexical"] = await lexical_hits(
             conn,
@@ -478,7 +474,6 @@ class PrefetchService:
             exact_max_rows=cfg.exact_max_rows,
             as_of=None,
             budget=budget,
-            delays={},
         )
         fused = rrf({k: keep_visible(scope, v) for k, v in legs.items()}, k=cfg.rrf_k)
         top = max((f.fused_score for f in fused), default=0.0)

@@ -16,7 +16,7 @@ which one runs, so the choice costs no extra round trip.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 
 import asyncpg
@@ -24,7 +24,6 @@ import numpy as np
 import numpy.typing as npt
 
 from memsvc.concurrency.deadline import Budget
-from memsvc.debug_delay import maybe_sleep
 from memsvc.retrieval.query import Hit, ItemKind
 from memsvc.retrieval.sources import SOURCES, TIE_BREAK_SQL, statement_timeout, to_hit
 from memsvc.storage.model import Scope
@@ -80,10 +79,8 @@ async def dense_hits(
     exact_max_rows: int,
     as_of: datetime | None,
     budget: Budget,
-    delays: Mapping[str, float],
 ) -> list[Hit]:
     """The ``limit`` nearest items over all kinds, nearest first (score = cosine distance)."""
-    await maybe_sleep(conn, delays, "dense")
     args: list[object] = [
         scope.tenant_id,
         scope.user_id,

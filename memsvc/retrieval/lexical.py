@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import functools
 import unicodedata
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 
 import asyncpg
 
 from memsvc.concurrency.deadline import Budget
-from memsvc.debug_delay import maybe_sleep
 from memsvc.retrieval.query import Hit, ItemKind
 from memsvc.retrieval.sources import SOURCES, TIE_BREAK_SQL, statement_timeout, to_hit
 from memsvc.storage.model import Scope
@@ -133,10 +132,8 @@ async def lexical_hits(
     exact_max_rows: int,
     as_of: datetime | None,
     budget: Budget,
-    delays: Mapping[str, float],
 ) -> list[Hit]:
     """The ``limit`` best text matches over all kinds, best first (score higher is better)."""
-    await maybe_sleep(conn, delays, "lexical")
     args: list[object] = [
         scope.tenant_id,
         scope.user_id,

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Coroutine, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -23,7 +22,6 @@ from memsvc.concurrency.deadline import Budget
 from memsvc.concurrency.fanout import LegRunner, late
 from memsvc.concurrency.loop_lag import LoopLag
 from memsvc.config import Settings
-from memsvc.debug_delay import delays_from_settings
 from memsvc.embedding.base import EmbeddingTimeout
 from memsvc.governance import trust
 from memsvc.observability import metrics
@@ -36,6 +34,7 @@ from memsvc.retrieval.query import Hit, RecallQuery
 from memsvc.retrieval.ranking import Ranked, RankWeights, final_order
 from memsvc.retrieval.references import ReferenceRecorder
 from memsvc.retrieval.scope_filter import keep_visible
+from memsvc.storage.pool import acquire
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +55,6 @@ class RecallConfig:
     roles: tuple[str, ...]
     half_life_days: float
     max_loop_lag_s: float = 0.0
-    delays: Mapping[str, float] = field(default_factory=dict)
     # Query routing: the route's effects on the ordering (off: reported, but neutral).
     routing: bool = True
     trust_policy: trust.TrustPolicy = field(default_factory=trust.TrustPolicy)
@@ -73,7 +71,6 @@ class RecallConfig:
             roles=settings.roles,
             half_life_days=settings.half_life_days,
             max_loop_lag_s=settings.reads_max_loop_lag_ms / 1000,
-            delays=delays_from_settings(settings.debug_stage_delays_ms),
             routing=settings.routing,
             trust_policy=trust.policy_from(settings.confidence_half_life_days),
         )
@@ -126,14 +123,6 @@ class RecallService:
         self._loop_lag = loop_lag
         self._references = references
 
-    @asynccontextmanager
-    async def _connection(self, budget: Budget) -> AsyncIterator[asyncpg.Connection]:
-        # A leg that cannot get a connection within its budget is late, like a slow one.
-        async with self._pool.acquire(
-            timeout=max(budget.cap(self._config.acquire_timeout_s), 0.001)
-        ) as conn:
-            yield conn
-
     async def _dense(
         self, query: RecallQuery, budget: Budget, limit: int, progress: _DenseProgress
     ) -> list[Hit]:
@@ -148,7 +137,9 @@ class RecallService:
                 progress.embed_ms = (time.perf_counter() - started) * 1000
         progress.embedded = True
         progress.sql_started = time.perf_counter()
-        async with self._connection(budget) as conn:
+        async with acquire(
+            self._pool, budget, timeout_s=self._config.acquire_timeout_s, busy_is_late=True
+        ) as conn:
             return await dense_hits(
                 conn,
                 query.scope,
@@ -159,11 +150,12 @@ class RecallService:
                 exact_max_rows=self._config.exact_max_rows,
                 as_of=query.as_of,
                 budget=budget,
-                delays=self._config.delays,
             )
 
     async def _lexical(self, query: RecallQuery, budget: Budget, limit: int) -> list[Hit]:
-        async with self._connection(budget) as conn:
+        async with acquire(
+            self._pool, budget, timeout_s=self._config.acquire_timeout_s, busy_is_late=True
+        ) as conn:
             return await lexical_hits(
                 conn,
                 query.scope,
@@ -173,7 +165,6 @@ class RecallService:
                 exact_max_rows=self._config.exact_max_rows,
                 as_of=query.as_of,
                 budget=budget,
-                delays=self._config.delays,
             )
 
     async def recall(self, query: RecallQuery, budget: Budget) -> RecallResult:

@@ -116,9 +116,9 @@ async def _prepare_legs(conn: asyncpg.Connection, vector: npt.NDArray[np.float32
     budget = Budget(WARMUP_BUDGET_S)
     await dense_hits(
         conn, WARMUP_SCOPE, vector, DEFAULT_KINDS, model_id="", limit=1, exact_max_rows=0,
-        as_of=None, budget=budget, delays={},
+        as_of=None, budget=budget,
     )  # fmt: skip
     await lexical_hits(
         conn, WARMUP_SCOPE, WARMUP_TEXT, DEFAULT_KINDS, limit=1, exact_max_rows=0,
-        as_of=None, budget=budget, delays={},
+        as_of=None, budget=budget,
     )  # fmt: skip

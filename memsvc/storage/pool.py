@@ -55,17 +55,19 @@ async def connect_and_migrate(settings: Settings) -> asyncpg.Pool:
 
 @asynccontextmanager
 async def acquire(
-    pool: asyncpg.Pool, budget: Budget, *, timeout_s: float
+    pool: asyncpg.Pool, budget: Budget, *, timeout_s: float, busy_is_late: bool = False
 ) -> AsyncIterator[asyncpg.Connection]:
-    """A pooled connection within the budget, or a fast RESOURCE_EXHAUSTED when none frees up.
+    """A pooled connection within the budget.
 
-    Waiting is bounded by the smaller of the budget and `timeout_s`; release is asyncpg's own
-    (shielded from cancellation).
+    Waiting is bounded by the smaller of the budget and `timeout_s`. When no connection frees
+    up in that time, a call answers a fast RESOURCE_EXHAUSTED (the client may retry), while a
+    read leg (`busy_is_late`) raises TimeoutError: it is late, like a slow leg, and the answer
+    goes on without it. Release is asyncpg's own (shielded from cancellation).
     """
     try:
-        conn = await pool.acquire(timeout=budget.cap(timeout_s))
+        conn = await pool.acquire(timeout=max(budget.cap(timeout_s), 0.001))
     except TimeoutError:
-        if budget.expired:
+        if busy_is_late or budget.expired:
             raise
         raise ResourceExhausted("every database connection is busy; retry shortly") from None
     try:
