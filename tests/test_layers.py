@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -83,3 +84,15 @@ def test_no_loose_modules_at_the_top() -> None:
 def test_every_folder_has_a_layer() -> None:
     folders = {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()}
     assert folders <= set(LAYER) | {"client"}, sorted(folders - set(LAYER) - {"client"})
+
+
+def test_readme_layout_matches_the_tree() -> None:
+    readme = (ROOT.parent / "README.md").read_text()
+    layout = readme[readme.index("## Layout") :]
+    layout = layout.split("\n## ")[0]
+    named = set(re.findall(r"memsvc/(\w+)/", layout))
+    folders = {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()}
+    assert named == folders, (
+        f"README layout names {sorted(named - folders)} that do not exist"
+        f" and misses {sorted(folders - named)}"
+    )

@@ -15,14 +15,12 @@ import numpy as np
 import numpy.typing as npt
 
 from memsvc.prefetch.model import EdgeRow, EpisodeRecord, TopicRow
+from memsvc.storage.conditions import CURRENT, EXACT_SCOPE, NOT_EXPIRED, VISIBLE, not_expired
 from memsvc.storage.memories import HOT_COLUMNS as COLUMNS
-from memsvc.storage.memories import VISIBLE, record_from_row
+from memsvc.storage.memories import record_from_row
 from memsvc.storage.model import MemoryRecord, Scope
-from memsvc.storage.scope_sql import EXACT_SCOPE
 
 _EXACT = EXACT_SCOPE
-_NOT_EXPIRED = "(expires_at IS NULL OR expires_at > now())"
-_CURRENT = f"invalid_at IS NULL AND {_NOT_EXPIRED}"
 _OR_QUERY = "replace(plainto_tsquery('english', $5)::text, ' & ', ' | ')::tsquery"
 _EPISODE_COLUMNS = (
     "e.tenant_id, e.user_id, e.persona_id, e.agent_id, e.episode_id, e.session_id, e.title,"
@@ -36,7 +34,7 @@ def _args(scope: Scope) -> list[object]:
 
 def episode_from_row(row: asyncpg.Record) -> EpisodeRecord:
     return EpisodeRecord(
-        scope=Scope(row["tenant_id"], row["user_id"], row["persona_id"], row["agent_id"]),
+        scope=Scope.from_row(row),
         episode_id=row["episode_id"],
         session_id=row["session_id"],
         title=row["title"],
@@ -55,7 +53,7 @@ async def core_facts(
     """Pinned facts and facts of the core role, current only."""
     rows = await conn.fetch(
         f"/* memsvc:prefetch:core */ SELECT {COLUMNS} FROM memories"
-        f" WHERE {VISIBLE} AND {_CURRENT} AND (pinned OR role = $5)"
+        f" WHERE {VISIBLE} AND {CURRENT} AND (pinned OR role = $5)"
         " ORDER BY pinned DESC, confidence DESC, recorded_at DESC, memory_id LIMIT $6",
         *_args(scope),
         core_role,
@@ -84,7 +82,7 @@ async def persona_facts(
             WHERE t.tenant_id = $1 AND t.user_id = $2 AND t.persona_id = $3
               AND t.agent_id = $4 AND t.is_persona
             GROUP BY em.memory_id) AS w USING (memory_id)
-        WHERE {VISIBLE} AND {_CURRENT}
+        WHERE {VISIBLE} AND {CURRENT}
         ORDER BY w.weight DESC, confidence DESC, memory_id
         LIMIT $5
         """,
@@ -161,7 +159,7 @@ async def episodes(
         f"""
         /* memsvc:prefetch:episodes */
         WITH recent AS (
-            SELECT episode_id FROM episodes WHERE {_EXACT} AND {_NOT_EXPIRED}
+            SELECT episode_id FROM episodes WHERE {_EXACT} AND {NOT_EXPIRED}
             ORDER BY ended_at DESC, episode_id LIMIT $6),
         linked AS (
             SELECT episode_id, topic_id, weight FROM topic_episodes
@@ -169,7 +167,7 @@ async def episodes(
         SELECT {_EPISODE_COLUMNS}, l.topic_id, coalesce(l.weight, 0) AS edge_weight
         FROM episodes e LEFT JOIN linked l ON l.episode_id = e.episode_id
         WHERE e.tenant_id = $1 AND e.user_id = $2 AND e.persona_id = $3 AND e.agent_id = $4
-          AND (e.expires_at IS NULL OR e.expires_at > now())
+          AND {not_expired("e")}
           AND (l.topic_id IS NOT NULL OR e.episode_id IN (SELECT episode_id FROM recent))
         ORDER BY e.ended_at DESC, e.episode_id, l.topic_id
         LIMIT $7
@@ -201,7 +199,7 @@ async def walk_facts(
             SELECT memory_id, episode_id, weight FROM episode_memories
             WHERE tenant_id = $1 AND user_id = $2 AND episode_id = ANY ($5::uuid[])
         ) AS w USING (memory_id)
-        WHERE {VISIBLE} AND {_CURRENT}
+        WHERE {VISIBLE} AND {CURRENT}
         ORDER BY w.weight DESC, memory_id, w.episode_id
         LIMIT $6
         """,
@@ -220,7 +218,7 @@ async def recent_facts(
     (they have their own section)."""
     rows = await conn.fetch(
         f"/* memsvc:prefetch:recent */ SELECT {COLUMNS} FROM memories"
-        f" WHERE {VISIBLE} AND {_CURRENT} AND NOT pinned AND role <> $5"
+        f" WHERE {VISIBLE} AND {CURRENT} AND NOT pinned AND role <> $5"
         " ORDER BY greatest(recorded_at, last_reinforced_at) DESC, memory_id LIMIT $6",
         *_args(scope),
         core_role,

@@ -18,10 +18,10 @@ import asyncpg
 
 from memsvc.concurrency.deadline import Budget
 from memsvc.retrieval.query import Hit, ItemKind
-from memsvc.storage.memories import VISIBLE as FACT_VISIBLE
+from memsvc.storage.conditions import CURRENT, EXACT_SCOPE, NOT_EXPIRED
+from memsvc.storage.conditions import VISIBLE as FACT_VISIBLE
 from memsvc.storage.memories import record_from_row
 from memsvc.storage.model import Scope
-from memsvc.storage.scope_sql import EXACT_SCOPE
 
 # How long after the budget's end asyncpg's own timeout would stop a leg's statement.
 STATEMENT_TIMEOUT_SLACK_S = 0.1
@@ -40,7 +40,6 @@ def statement_timeout(budget: Budget) -> float:
 
 
 _EXACT_SCOPE = EXACT_SCOPE
-_NOT_EXPIRED = "(expires_at IS NULL OR expires_at > now())"
 
 # The shape every kind's branch selects: name and SQL type (for the NULLs of other kinds).
 ROW_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -121,10 +120,6 @@ class Source:
         return self.as_of_sql.format(as_of=as_of_param)
 
 
-def _scope_of(row: asyncpg.Record) -> Scope:
-    return Scope(row["tenant_id"], row["user_id"], row["persona_id"], row["agent_id"])
-
-
 def to_hit(row: asyncpg.Record, score: float) -> Hit:
     """A Hit from a row of any kind (selected as ROW_COLUMNS)."""
     kind = ItemKind(row["kind"])
@@ -135,7 +130,7 @@ def to_hit(row: asyncpg.Record, score: float) -> Hit:
         text=row["item_text"],
         session_id=row["session_id"],
         occurred_at=row["occurred_at"],
-        scope=_scope_of(row),
+        scope=Scope.from_row(row),
         shared_all_agents=row["shared_all_agents"],
         shared_all_personas=row["shared_all_personas"],
         score=score,
@@ -174,11 +169,11 @@ FACTS = Source(
         },
     ),
     scope_sql=FACT_VISIBLE,
-    current_sql=f"invalid_at IS NULL AND {_NOT_EXPIRED}",
+    current_sql=CURRENT,
     # Valid time: what held at that moment, superseded versions included if they held then.
     as_of_sql=(
         "valid_from <= {as_of} AND (invalid_at IS NULL OR invalid_at > {as_of})"
-        f" AND {_NOT_EXPIRED}"
+        f" AND {NOT_EXPIRED}"
     ),
     text_sql="content",
     tsv_sql="search_tsv",
@@ -212,9 +207,9 @@ EPISODES = Source(
     ),
     scope_sql=_EXACT_SCOPE,
     # An episode expires with the last of its source messages (migration 0006).
-    current_sql=_NOT_EXPIRED,
+    current_sql=NOT_EXPIRED,
     # An episode exists once its session ended.
-    as_of_sql="ended_at <= {as_of}" + f" AND {_NOT_EXPIRED}",
+    as_of_sql="ended_at <= {as_of}" + f" AND {NOT_EXPIRED}",
     text_sql="(title || ' ' || summary)",
     tsv_sql="search_tsv",
 )
@@ -236,8 +231,8 @@ MESSAGES = Source(
         },
     ),
     scope_sql=_EXACT_SCOPE,
-    current_sql=_NOT_EXPIRED,
-    as_of_sql="sent_at <= {as_of}" + f" AND {_NOT_EXPIRED}",
+    current_sql=NOT_EXPIRED,
+    as_of_sql="sent_at <= {as_of}" + f" AND {NOT_EXPIRED}",
     text_sql="text",
     # The message with its neighbours and date (built by the workers, migration 0004); the
     # message alone until they have indexed it.

@@ -59,6 +59,26 @@ def to_memsvc_error(exc: Exception) -> MemsvcError | None:
     return map_db_error(exc)
 
 
+# Answers about the request itself, not the service: not worth a log line each.
+_CALLER_ERRORS = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND)
+
+
+def answer_for(rpc: str, exc: Exception) -> MemsvcError:
+    """The error a failed call is answered with; a bug (an unknown exception) is logged with
+    its stack and answered INTERNAL, never UNKNOWN."""
+    error: MemsvcError
+    if isinstance(exc, TimeoutError):
+        error = DeadlineExceeded(f"{rpc} did not complete within the call's deadline")
+    elif (mapped := to_memsvc_error(exc)) is not None:
+        error = mapped
+    else:
+        log.exception("%s failed unexpectedly", rpc)
+        error = MemsvcError(f"{rpc} failed: internal error ({type(exc).__name__})")
+    if error.code not in _CALLER_ERRORS:
+        log.info("%s answered %s", rpc, error.code.name)
+    return error
+
+
 def _metadata(context: Context) -> Metadata:
     return tuple((key, value) for key, value in context.invocation_metadata() or ())
 
@@ -110,7 +130,6 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     ) -> Reply:
         """``guard_slack_s``: reads manage their own budget (they answer degraded, never late),
         so their outer guard sits that much later and only fires if something overran."""
-        error: MemsvcError
         try:
             tenant = await self._auth.tenant(_metadata(context))
             call_context.tenant.set(tenant)
@@ -123,17 +142,8 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
                 )
                 async with asyncio.timeout(budget.remaining() + guard_slack_s):
                     return await handler(tenant, budget)
-        except TimeoutError:
-            error = DeadlineExceeded(f"{rpc} did not complete within the call's deadline")
-        except Exception as exc:
-            mapped = to_memsvc_error(exc)
-            if mapped is None:
-                log.exception("%s failed unexpectedly", rpc)
-                error = MemsvcError(f"{rpc} failed: internal error ({type(exc).__name__})")
-            else:
-                error = mapped
-        if error.code not in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND):
-            log.info("%s answered %s", rpc, error.code.name)
+        except Exception as exc:  # every failure is answered with a status: mapped here
+            error = answer_for(rpc, exc)
         await status.abort(context, error)
 
     def _write_deadline(self) -> int:
@@ -331,7 +341,6 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         if service is None:
             await self._unimplemented(context, "ExportMemories", "export")
             return
-        error: MemsvcError
         try:
             tenant = await self._auth.tenant(_metadata(context))
             call_context.tenant.set(tenant)
@@ -345,17 +354,8 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
                 async for record in service.export(subject, budget):
                     yield pb.ExportRecord(type=record.type, json=record.json)
             return
-        except TimeoutError:
-            error = DeadlineExceeded("ExportMemories did not complete within the call's deadline")
-        except Exception as exc:
-            mapped = to_memsvc_error(exc)
-            if mapped is None:
-                log.exception("ExportMemories failed unexpectedly")
-                error = MemsvcError(f"ExportMemories failed: internal error ({type(exc).__name__})")
-            else:
-                error = mapped
-        if error.code != grpc.StatusCode.INVALID_ARGUMENT:
-            log.info("ExportMemories answered %s", error.code.name)
+        except Exception as exc:  # as in _run: every failure is answered with a status
+            error = answer_for("ExportMemories", exc)
         await status.abort(context, error)
 
     # -- write path ---------------------------------------------------------------------------

@@ -7,12 +7,11 @@ from collections.abc import Sequence
 
 import asyncpg
 
+from memsvc.storage.conditions import CURRENT, EXACT_SCOPE
 from memsvc.storage.memories import COLUMNS, record_from_row
 from memsvc.storage.model import MemoryRecord, Scope
-from memsvc.storage.scope_sql import EXACT_SCOPE
 
 _EXACT = EXACT_SCOPE
-_CURRENT = "invalid_at IS NULL AND (expires_at IS NULL OR expires_at > now())"
 DEMOTED_ROLE = "context"
 
 
@@ -20,7 +19,7 @@ async def block(conn: asyncpg.Connection, scope: Scope, core_role: str) -> list[
     """The scope's own core block: current facts that are pinned or of the core role (the
     definition of Prefetch's core section, for the rows this exact scope owns)."""
     rows = await conn.fetch(
-        f"SELECT {COLUMNS} FROM memories WHERE {_EXACT} AND {_CURRENT}"
+        f"SELECT {COLUMNS} FROM memories WHERE {_EXACT} AND {CURRENT}"
         " AND (pinned OR role = $5) ORDER BY recorded_at, memory_id",
         *scope.key,
         core_role,

@@ -15,9 +15,9 @@ from collections.abc import Mapping, Sequence
 import asyncpg
 
 from memsvc.storage import messages
+from memsvc.storage.conditions import EXACT_SCOPE
 from memsvc.storage.extraction import lock_user
 from memsvc.storage.model import Scope
-from memsvc.storage.scope_sql import EXACT_SCOPE
 
 # Every table with rows about a user (keyed by tenant_id, user_id). Listing them makes
 # "nothing left anywhere" a property a test can check table by table.

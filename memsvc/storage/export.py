@@ -16,6 +16,7 @@ from typing import Any
 
 import asyncpg
 
+from memsvc.storage.conditions import not_expired
 from memsvc.storage.model import Scope
 from memsvc.storage.references import last_referenced_sql
 
@@ -71,7 +72,7 @@ def memories(subject: Subject, at: datetime) -> Statement:
                m.demoted_pinned, m.demoted_into,
                min(m.recorded_at) OVER (PARTITION BY m.lineage_id) AS lineage_started_at
         FROM memories m
-        WHERE {where} AND (m.expires_at IS NULL OR m.expires_at > ${len(args)})
+        WHERE {where} AND {not_expired("m", at=f"${len(args)}")}
         ORDER BY lineage_started_at, m.lineage_id, m.recorded_at, m.memory_id""",
         args,
     )
@@ -93,7 +94,7 @@ def episodes(subject: Subject, at: datetime) -> Statement:
                      WHERE te.tenant_id = e.tenant_id AND te.user_id = e.user_id
                        AND te.episode_id = e.episode_id ORDER BY te.topic_id) AS topic_ids
         FROM episodes e
-        WHERE {where} AND (e.expires_at IS NULL OR e.expires_at > ${len(args)})
+        WHERE {where} AND {not_expired("e", at=f"${len(args)}")}
         ORDER BY e.started_at, e.episode_id""",
         args,
     )
@@ -134,7 +135,7 @@ def messages(subject: Subject, at: datetime) -> Statement:
                min(g.sent_at) OVER (PARTITION BY g.user_id, g.persona_id, g.agent_id,
                                     g.session_id) AS session_started_at
         FROM messages g
-        WHERE {where} AND (g.expires_at IS NULL OR g.expires_at > ${len(args)})
+        WHERE {where} AND {not_expired("g", at=f"${len(args)}")}
         ORDER BY session_started_at, g.user_id, g.persona_id, g.agent_id, g.session_id,
                  g.sent_at, g.message_id""",
         args,

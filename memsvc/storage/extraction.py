@@ -11,12 +11,11 @@ import asyncpg
 import numpy as np
 import orjson
 
+from memsvc.storage.conditions import CURRENT, EXACT_SCOPE
 from memsvc.storage.model import CandidateEpisode, ExistingFact, Scope
-from memsvc.storage.scope_sql import EXACT_SCOPE
 
 _EXACT_SCOPE = EXACT_SCOPE
 # Dedup compares against live facts only: an expired one is neither reinforced nor superseded.
-_ACTIVE = "invalid_at IS NULL AND (expires_at IS NULL OR expires_at > now())"
 
 
 async def lock_user(conn: asyncpg.Connection, tenant_id: str, user_id: str) -> None:
@@ -89,7 +88,7 @@ async def exact_active(
 ) -> ExistingFact | None:
     row = await conn.fetchrow(
         f"SELECT {_FACT_COLUMNS} FROM memories WHERE {_EXACT_SCOPE}"
-        f" AND content_hash = $5 AND {_ACTIVE}",
+        f" AND content_hash = $5 AND {CURRENT}",
         *scope.key,
         content_hash,
     )
@@ -101,7 +100,7 @@ async def active_with_predicates(
 ) -> list[ExistingFact]:
     rows = await conn.fetch(
         f"SELECT {_FACT_COLUMNS} FROM memories WHERE {_EXACT_SCOPE}"
-        f" AND {_ACTIVE} AND subject = $5 AND predicate = ANY($6::text[])"
+        f" AND {CURRENT} AND subject = $5 AND predicate = ANY($6::text[])"
         " ORDER BY recorded_at DESC",
         *scope.key,
         subject,
@@ -122,7 +121,7 @@ async def nearest_active(
         f"""
         WITH scoped AS MATERIALIZED (
             SELECT {_FACT_COLUMNS}, embedding FROM memories
-            WHERE {_EXACT_SCOPE} AND {_ACTIVE} AND embedding IS NOT NULL
+            WHERE {_EXACT_SCOPE} AND {CURRENT} AND embedding IS NOT NULL
         )
         SELECT {_FACT_COLUMNS}, 1 - (embedding <=> $5) AS similarity
         FROM scoped ORDER BY embedding <=> $5 LIMIT $6

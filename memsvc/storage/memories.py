@@ -11,18 +11,9 @@ import asyncpg
 import numpy as np
 
 from memsvc.storage import retention
+from memsvc.storage.conditions import NOT_EXPIRED, VISIBLE, not_expired
 from memsvc.storage.model import ListQuery, MemoryRecord, NewMemory, Page, Scope, Sharing
 from memsvc.storage.references import last_referenced_sql
-
-# Visible from a scope: rows written in exactly that scope, plus rows of the same user that
-# were explicitly shared across agents and/or personas. $1..$4 are tenant, user, persona, agent.
-_VISIBLE = """
-    tenant_id = $1 AND user_id = $2
-    AND (persona_id = $3 OR shared_all_personas)
-    AND (agent_id = $4 OR shared_all_agents)
-"""
-# Not expired: an expired row is never returned, even before the expiry task deletes it.
-_NOT_EXPIRED = "(expires_at IS NULL OR expires_at > now())"
 
 _COLUMNS_WITH = """
     tenant_id, user_id, persona_id, agent_id, shared_all_agents, shared_all_personas,
@@ -38,15 +29,14 @@ _COLUMNS = _COLUMNS_WITH.format(referenced=last_referenced_sql("memories"))
 HOT_COLUMNS = _COLUMNS_WITH.format(referenced="NULL::timestamptz")
 
 
-# The same fragments for other read modules (Recall, Prefetch) composing their own SQL.
-VISIBLE = _VISIBLE
+# The same columns for other read modules (Recall, Prefetch) composing their own SQL.
 COLUMNS = _COLUMNS
 
 
 def record_from_row(row: asyncpg.Record) -> MemoryRecord:
     """Turn a row selected with _COLUMNS into a MemoryRecord."""
     return MemoryRecord(
-        scope=Scope(row["tenant_id"], row["user_id"], row["persona_id"], row["agent_id"]),
+        scope=Scope.from_row(row),
         memory_id=row["memory_id"],
         lineage_id=row["lineage_id"],
         content=row["content"],
@@ -85,7 +75,7 @@ async def find_active_duplicate(
     value: uuid.UUID | None = await conn.fetchval(
         "SELECT memory_id FROM memories WHERE tenant_id = $1 AND user_id = $2"
         " AND persona_id = $3 AND agent_id = $4 AND content_hash = $5 AND invalid_at IS NULL"
-        f" AND {_NOT_EXPIRED}",
+        f" AND {NOT_EXPIRED}",
         *scope.key,
         content_hash,
     )
@@ -146,7 +136,7 @@ async def insert_or_reinforce(
             session_id = CASE WHEN EXCLUDED.origin = 'explicit'
                 AND EXCLUDED.retention_policy = 'session'
                 THEN EXCLUDED.session_id ELSE memories.session_id END
-        WHERE memories.expires_at IS NULL OR memories.expires_at > now()
+        WHERE {not_expired("memories")}
         RETURNING {_COLUMNS}, (xmax <> 0) AS reinforced
         """
     args = (
@@ -196,8 +186,8 @@ async def get_visible(
     """One unexpired memory visible from the scope (any status), optionally row-locked."""
     lock = " FOR UPDATE" if for_update else ""
     row = await conn.fetchrow(
-        f"SELECT {_COLUMNS} FROM memories WHERE {_VISIBLE} AND memory_id = $5"
-        f" AND {_NOT_EXPIRED}{lock}",
+        f"SELECT {_COLUMNS} FROM memories WHERE {VISIBLE} AND memory_id = $5"
+        f" AND {NOT_EXPIRED}{lock}",
         *scope.key,
         memory_id,
     )
@@ -232,8 +222,8 @@ async def lineage(
 ) -> list[MemoryRecord]:
     """Every unexpired version of one memory, oldest first."""
     rows = await conn.fetch(
-        f"SELECT {_COLUMNS} FROM memories WHERE {_VISIBLE} AND lineage_id = $5"
-        f" AND {_NOT_EXPIRED} ORDER BY recorded_at, memory_id",
+        f"SELECT {_COLUMNS} FROM memories WHERE {VISIBLE} AND lineage_id = $5"
+        f" AND {NOT_EXPIRED} ORDER BY recorded_at, memory_id",
         *scope.key,
         lineage_id,
     )
@@ -242,7 +232,7 @@ async def lineage(
 
 async def list_page(conn: asyncpg.Connection, scope: Scope, query: ListQuery) -> Page:
     """One page of the scope's memories, newest first, with a keyset cursor."""
-    clauses = [_VISIBLE, _NOT_EXPIRED]
+    clauses = [VISIBLE, NOT_EXPIRED]
     args: list[Any] = list(scope.key)
 
     def arg(value: Any) -> str:
@@ -280,7 +270,7 @@ async def visible_lineages(
 ) -> dict[uuid.UUID, uuid.UUID]:
     """memory_id -> lineage_id for the ids visible from the scope (missing ids are absent)."""
     rows = await conn.fetch(
-        f"SELECT memory_id, lineage_id FROM memories WHERE {_VISIBLE}"
+        f"SELECT memory_id, lineage_id FROM memories WHERE {VISIBLE}"
         " AND memory_id = ANY($5::uuid[])",
         *scope.key,
         list(memory_ids),

@@ -177,7 +177,4 @@ async def delete_returning_sessions(
         " RETURNING tenant_id, user_id, persona_id, agent_id, session_id",
         *args,
     )
-    return [
-        (Scope(r["tenant_id"], r["user_id"], r["persona_id"], r["agent_id"]), r["session_id"])
-        for r in rows
-    ]
+    return [(Scope.from_row(r), r["session_id"]) for r in rows]

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -20,6 +22,11 @@ class Scope:
     def key(self) -> tuple[str, str, str, str]:
         """(tenant, user, persona, agent): the $1..$4 of every scoped SQL statement."""
         return (self.tenant_id, self.user_id, self.persona_id, self.agent_id)
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Scope:
+        """The scope a row was written in (its tenant_id, user_id, persona_id, agent_id)."""
+        return cls(row["tenant_id"], row["user_id"], row["persona_id"], row["agent_id"])
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 import asyncpg
 
 from memsvc.storage import messages
+from memsvc.storage.conditions import not_expired
 from memsvc.storage.extraction import lock_user
 from memsvc.storage.model import Scope
 
@@ -23,7 +24,7 @@ TTL = "ttl"
 
 
 def _scopes(rows: Iterable[asyncpg.Record]) -> list[Scope]:
-    return [Scope(r["tenant_id"], r["user_id"], r["persona_id"], r["agent_id"]) for r in rows]
+    return [Scope.from_row(r) for r in rows]
 
 
 async def expire_memories(conn: asyncpg.Connection, limit: int) -> list[Scope]:
@@ -138,14 +139,16 @@ async def live_sessions(
         return []
     columns = list(zip(*((*scope.key, session_id) for scope, session_id in sessions), strict=True))
     rows = await conn.fetch(
-        "SELECT t, u, p, a, s FROM unnest($1::text[], $2::text[], $3::text[], $4::text[],"
-        " $5::text[]) AS x(t, u, p, a, s) WHERE EXISTS (SELECT 1 FROM messages m"
-        " WHERE m.tenant_id = x.t AND m.user_id = x.u AND m.persona_id = x.p"
-        " AND m.agent_id = x.a AND m.session_id = x.s"
-        " AND (m.expires_at IS NULL OR m.expires_at > now()))",
+        "SELECT tenant_id, user_id, persona_id, agent_id, session_id FROM unnest($1::text[],"
+        " $2::text[], $3::text[], $4::text[], $5::text[])"
+        " AS x(tenant_id, user_id, persona_id, agent_id, session_id) WHERE EXISTS (SELECT 1"
+        " FROM messages m WHERE m.tenant_id = x.tenant_id AND m.user_id = x.user_id"
+        " AND m.persona_id = x.persona_id AND m.agent_id = x.agent_id"
+        " AND m.session_id = x.session_id"
+        f" AND {not_expired('m')})",
         *(list(c) for c in columns),
     )
-    return [(Scope(r["t"], r["u"], r["p"], r["a"]), r["s"]) for r in rows]
+    return [(Scope.from_row(r), r["session_id"]) for r in rows]
 
 
 async def reindex_session(conn: asyncpg.Connection, scope: Scope, session_id: str) -> None:
