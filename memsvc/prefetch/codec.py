@@ -11,7 +11,7 @@ from google.protobuf.message import DecodeError
 
 from memsvc.prefetch.model import CORE, EPISODES, PERSONA, RELEVANT, EpisodeRecord, Packet
 from memsvc.v1 import memory_pb2 as pb
-from memsvc.wire.convert import memory, timestamp
+from memsvc.wire.convert import memory, scope, timestamp
 
 
 class CodecError(ValueError):
@@ -21,11 +21,7 @@ class CodecError(ValueError):
 def episode(record: EpisodeRecord) -> pb.Episode:
     return pb.Episode(
         episode_id=str(record.episode_id),
-        scope=pb.Scope(
-            user_id=record.scope.user_id,
-            persona_id=record.scope.persona_id,
-            agent_id=record.scope.agent_id,
-        ),
+        scope=scope(record.scope),
         session_id=record.session_id,
         title=record.title,
         summary=record.summary,

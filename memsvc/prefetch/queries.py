@@ -28,10 +28,6 @@ _EPISODE_COLUMNS = (
 )
 
 
-def _args(scope: Scope) -> list[object]:
-    return [scope.tenant_id, scope.user_id, scope.persona_id, scope.agent_id]
-
-
 def episode_from_row(row: asyncpg.Record) -> EpisodeRecord:
     return EpisodeRecord(
         scope=Scope.from_row(row),
@@ -55,7 +51,7 @@ async def core_facts(
         f"/* memsvc:prefetch:core */ SELECT {COLUMNS} FROM memories"
         f" WHERE {VISIBLE} AND {CURRENT} AND (pinned OR role = $5)"
         " ORDER BY pinned DESC, confidence DESC, recorded_at DESC, memory_id LIMIT $6",
-        *_args(scope),
+        *scope.key,
         core_role,
         limit,
         timeout=timeout_s,
@@ -86,7 +82,7 @@ async def persona_facts(
         ORDER BY w.weight DESC, confidence DESC, memory_id
         LIMIT $5
         """,
-        *_args(scope),
+        *scope.key,
         limit,
         timeout=timeout_s,
     )
@@ -123,7 +119,7 @@ async def topics(
         ORDER BY weight DESC, last_episode_at DESC NULLS LAST, topic_id
         LIMIT $9
         """,
-        *_args(scope),
+        *scope.key,
         hint,
         vector,
         model_id,
@@ -172,7 +168,7 @@ async def episodes(
         ORDER BY e.ended_at DESC, e.episode_id, l.topic_id
         LIMIT $7
         """,
-        *_args(scope),
+        *scope.key,
         list(topic_ids),
         recent,
         limit,
@@ -203,7 +199,7 @@ async def walk_facts(
         ORDER BY w.weight DESC, memory_id, w.episode_id
         LIMIT $6
         """,
-        *_args(scope),
+        *scope.key,
         list(episode_ids),
         limit,
         timeout=timeout_s,
@@ -220,7 +216,7 @@ async def recent_facts(
         f"/* memsvc:prefetch:recent */ SELECT {COLUMNS} FROM memories"
         f" WHERE {VISIBLE} AND {CURRENT} AND NOT pinned AND role <> $5"
         " ORDER BY greatest(recorded_at, last_reinforced_at) DESC, memory_id LIMIT $6",
-        *_args(scope),
+        *scope.key,
         core_role,
         limit,
         timeout=timeout_s,

@@ -82,10 +82,7 @@ async def dense_hits(
 ) -> list[Hit]:
     """The ``limit`` nearest items over all kinds, nearest first (score = cosine distance)."""
     args: list[object] = [
-        scope.tenant_id,
-        scope.user_id,
-        scope.persona_id,
-        scope.agent_id,
+        *scope.key,
         vector,
         model_id,
         exact_max_rows,

@@ -135,10 +135,7 @@ async def lexical_hits(
 ) -> list[Hit]:
     """The ``limit`` best text matches over all kinds, best first (score higher is better)."""
     args: list[object] = [
-        scope.tenant_id,
-        scope.user_id,
-        scope.persona_id,
-        scope.agent_id,
+        *scope.key,
         text,
         limit,
         exact_max_rows,

@@ -24,7 +24,9 @@ from memsvc.export.service import ExportService
 from memsvc.ingest.service import IngestService
 from memsvc.memories.service import MemoryService
 from memsvc.observability import call_context
+from memsvc.prefetch.model import PrefetchQuery
 from memsvc.prefetch.service import PrefetchService
+from memsvc.retrieval.query import RecallQuery
 from memsvc.retrieval.recall import RecallService
 from memsvc.server import (
     convert,
@@ -45,6 +47,7 @@ from memsvc.wire import convert as wire
 log = logging.getLogger(__name__)
 
 Reply = TypeVar("Reply")
+Query = TypeVar("Query")
 # Reads end their own legs at the budget; this outer guard is only a last resort.
 READ_GUARD_SLACK_S = 0.25
 Context = grpc.aio.ServicerContext[object, object]
@@ -288,22 +291,16 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             await self._unimplemented(context, "Prefetch", "read path")
             raise AssertionError("unreachable")
 
-        async def handle(tenant: str, budget: Budget) -> pb.PrefetchResponse:
-            scope = validate.scope(
-                request.scope, tenant, self._settings, present=request.HasField("scope")
-            )
-            query = validate_read.prefetch(request, scope, self._settings)
-            self._notify_read(scope)
-            with self._reads.slot(budget.remaining()):
-                result = await service.prefetch(query, budget)
-            return convert_read.prefetch_response(result)
+        async def serve(query: PrefetchQuery, budget: Budget) -> pb.PrefetchResponse:
+            return convert_read.prefetch_response(await service.prefetch(query, budget))
 
-        return await self._run(
+        return await self._read(
             context,
             "Prefetch",
-            handle,
+            request.scope if request.HasField("scope") else None,
+            lambda scope: validate_read.prefetch(request, scope, self._settings),
+            serve,
             default_deadline_ms=self._settings.prefetch_default_deadline_ms,
-            guard_slack_s=self._read_slack(),
         )
 
     async def Recall(self, request: pb.RecallRequest, context: Context) -> pb.RecallResponse:
@@ -312,21 +309,45 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             await self._unimplemented(context, "Recall", "read path")
             raise AssertionError("unreachable")
 
-        async def handle(tenant: str, budget: Budget) -> pb.RecallResponse:
-            scope = validate.scope(
-                request.scope, tenant, self._settings, present=request.HasField("scope")
+        async def serve(query: RecallQuery, budget: Budget) -> pb.RecallResponse:
+            return convert_read.recall_response(await service.recall(query, budget))
+
+        return await self._read(
+            context,
+            "Recall",
+            request.scope if request.HasField("scope") else None,
+            lambda scope: validate_read.recall(request, scope, self._settings),
+            serve,
+            default_deadline_ms=self._settings.recall_default_deadline_ms,
+        )
+
+    async def _read(
+        self,
+        context: Context,
+        rpc: str,
+        scope: pb.Scope | None,
+        parse: Callable[[Scope], Query],
+        serve: Callable[[Query, Budget], Awaitable[Reply]],
+        *,
+        default_deadline_ms: int,
+    ) -> Reply:
+        """A read: the request validated whole (a bad one changes nothing), the user's pending
+        writes kicked, then served holding one read slot."""
+
+        async def handle(tenant: str, budget: Budget) -> Reply:
+            valid = validate.scope(
+                scope or pb.Scope(), tenant, self._settings, present=scope is not None
             )
-            query = validate_read.recall(request, scope, self._settings)
-            self._notify_read(scope)
+            query = parse(valid)
+            self._notify_read(valid)
             with self._reads.slot(budget.remaining()):
-                result = await service.recall(query, budget)
-            return convert_read.recall_response(result)
+                return await serve(query, budget)
 
         return await self._run(
             context,
-            "Recall",
+            rpc,
             handle,
-            default_deadline_ms=self._settings.recall_default_deadline_ms,
+            default_deadline_ms=default_deadline_ms,
             guard_slack_s=self._read_slack(),
         )
 

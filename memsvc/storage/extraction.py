@@ -13,6 +13,7 @@ import orjson
 
 from memsvc.storage.conditions import CURRENT, EXACT_SCOPE
 from memsvc.storage.model import CandidateEpisode, ExistingFact, Scope
+from memsvc.storage.projections import projection
 
 _EXACT_SCOPE = EXACT_SCOPE
 # Dedup compares against live facts only: an expired one is neither reinforced nor superseded.
@@ -212,9 +213,7 @@ async def upsert_episode(
         list(episode.source_message_ids),
         started_at,
         ended_at,
-        embedding,
-        embedding_model if embedding is not None else "",
-        "ok" if embedding is not None else "missing",
+        *projection(embedding, embedding_model),
     )
     return episode_id
 
@@ -243,9 +242,7 @@ async def upsert_topic(
         uuid.uuid4(),
         name,
         seen_at,
-        embedding,
-        embedding_model if embedding is not None else "",
-        "ok" if embedding is not None else "missing",
+        *projection(embedding, embedding_model),
     )
     return topic_id
 

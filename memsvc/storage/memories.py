@@ -13,6 +13,7 @@ import numpy as np
 from memsvc.storage import retention
 from memsvc.storage.conditions import NOT_EXPIRED, VISIBLE, not_expired
 from memsvc.storage.model import ListQuery, MemoryRecord, NewMemory, Page, Scope, Sharing
+from memsvc.storage.projections import projection
 from memsvc.storage.references import last_referenced_sql
 
 _COLUMNS_WITH = """
@@ -160,9 +161,7 @@ async def insert_or_reinforce(
         memory.session_id,
         memory.origin,
         correction_reason,
-        embedding,
-        embedding_model if embedding is not None else "",
-        "ok" if embedding is not None else "missing",
+        *projection(embedding, embedding_model),
         ingest_id,
         memory.retention_policy,
         memory.expires_at,

@@ -19,6 +19,14 @@ class Tier:
         return ("tenant_id", "user_id", *(k.strip() for k in self.key.split(",")))
 
 
+def projection(embedding: object | None, model_id: str) -> tuple[object | None, str, str]:
+    """The (embedding, embedding_model, embedding_state) columns of a row being written: a row
+    the embedder failed on is stored `missing`, for the reconciler to embed later."""
+    if embedding is None:
+        return None, "", "missing"
+    return embedding, model_id, "ok"
+
+
 TIERS = (
     Tier("memories", "memory_id", "content"),
     Tier("messages", "persona_id, agent_id, session_id, message_id", "text"),

@@ -10,7 +10,7 @@ from datetime import datetime
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from memsvc.storage.model import MemoryRecord
+from memsvc.storage.model import MemoryRecord, Scope
 from memsvc.v1 import memory_pb2 as pb
 
 _STATUS = {
@@ -30,14 +30,15 @@ def timestamp(value: datetime) -> Timestamp:
     return ts
 
 
+def scope(value: Scope) -> pb.Scope:
+    """The caller-visible part of a scope (the tenant comes from credentials, never echoed)."""
+    return pb.Scope(user_id=value.user_id, persona_id=value.persona_id, agent_id=value.agent_id)
+
+
 def memory(record: MemoryRecord) -> pb.Memory:
     msg = pb.Memory(
         memory_id=str(record.memory_id),
-        scope=pb.Scope(
-            user_id=record.scope.user_id,
-            persona_id=record.scope.persona_id,
-            agent_id=record.scope.agent_id,
-        ),
+        scope=scope(record.scope),
         content=record.content,
         subject=record.subject,
         predicate=record.predicate,
