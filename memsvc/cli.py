@@ -13,17 +13,11 @@ from pathlib import Path
 import asyncpg
 
 from memsvc.config import ConfigError, Settings
-from memsvc.governance.policy import (
-    PII_KINDS,
-    PolicyError,
-    TenantPolicies,
-    parse_pii_overrides,
-    parse_pii_policy,
-)
+from memsvc.governance.policy import PII_KINDS, PolicyError, TenantPolicies, parse_pii_overrides
 from memsvc.observability import gc_pauses, log_format
 from memsvc.observability.metrics_http import MetricsEndpoint
 from memsvc.server.app import MemsvcServer, serve_until_signalled
-from memsvc.server.runtime import Runtime
+from memsvc.server.runtime import Runtime, pii_defaults
 from memsvc.storage import api_keys, tenant_settings
 from memsvc.storage.migrate import migrate
 
@@ -202,7 +196,7 @@ async def _run_tenants(settings: Settings, args: argparse.Namespace) -> None:
         await migrate(conn, embedding_dim=settings.embedding_dim)
         policies = TenantPolicies(
             None,
-            default_pii=parse_pii_policy(settings.pii_policy),
+            default_pii=pii_defaults(settings),
             default_message_ttl_s=settings.message_ttl_s,
         )
         if args.tenants_command == "set":
@@ -234,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         settings = Settings.from_env(os.environ).with_overrides(log_format=args.log_format)
+        pii_defaults(settings)  # a bad governance setting fails here, before anything starts
         log_format.configure(args.log_level, settings.log_format)
         if args.command == "dev":
             auth = args.auth or ("MEMSVC_AUTH_ENABLED" in os.environ and settings.auth_enabled)

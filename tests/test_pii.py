@@ -10,11 +10,13 @@ import asyncpg
 import grpc
 import pytest
 from prometheus_client import REGISTRY
+from stdnum import luhn
 
 from memsvc.config import ConfigError, Settings
 from memsvc.governance import pii
 from memsvc.governance.policy import PII_KINDS, parse_pii_policy
 from memsvc.server.app import MemsvcServer
+from memsvc.server.runtime import pii_defaults
 from memsvc.storage import tenant_settings
 from memsvc.v1 import memory_pb2 as pb
 from tests.conftest import Caller
@@ -118,31 +120,38 @@ def found(text: str) -> list[tuple[str, str]]:
 # -- detectors and arithmetic ------------------------------------------------------------------
 
 
-def test_luhn_arithmetic() -> None:
-    # 7992739871: doubling every second digit from the right gives a sum of 67: check digit 3.
-    assert pii.luhn_valid("79927398713")
-    assert not any(pii.luhn_valid(f"7992739871{d}") for d in "012456789")
-    assert pii.luhn_valid("4539148803436467")
-    assert not pii.luhn_valid("4539148803436468")
-    # A swap of two adjacent digits (the commonest typo) is caught.
-    assert not pii.luhn_valid("4539148803436476")
-    assert not pii.luhn_valid("") and not pii.luhn_valid("4x11")
+def test_card_checks() -> None:
+    # Luhn (python-stdnum's): one digit off, or two adjacent digits swapped (the commonest
+    # typo), is not a card.
+    assert found("card 4539 1488 0343 6467") == [("4539 1488 0343 6467", "card_number")]
+    assert found("card 4539 1488 0343 6468") == []
+    assert found("card 4539 1488 0343 6476") == []
     # Luhn alone is not enough: the prefix must belong to a card network of that length.
-    assert pii.luhn_valid("1234567812345670") and not pii.card_prefix_valid("1234567812345670")
-    assert not pii.card_prefix_valid("411111111111111")  # Visa is 13, 16 or 19 digits
-    assert pii.card_prefix_valid("378282246310005")
+    assert luhn.is_valid("1234567812345670") and found("card 1234 5678 1234 5670") == []
+    assert luhn.is_valid("411111111111116") and found("card 411111111111116") == []
+    assert not pii.card_prefix_valid("1234567812345670")
+    assert not pii.card_prefix_valid("411111111111116")  # Visa is 13, 16 or 19 digits
+    assert pii.card_prefix_valid("378282246310005") and pii.card_prefix_valid("4111111111111111")
 
 
-def test_iban_aba_and_ssn_checks() -> None:
-    assert pii.iban_valid("GB82 WEST 1234 5698 7654 32")
-    assert not pii.iban_valid("GB82 WEST 1234 5698 7654 33")
-    assert not pii.iban_valid("GB82WEST12345698765432X")  # wrong length for GB
-    assert pii.aba_valid("021000021") and not pii.aba_valid("021000022")
-    assert pii.ssn_valid("219", "44", "1234")
-    for bad in (("000", "12", "3456"), ("666", "12", "3456"), ("912", "12", "3456")):
-        assert not pii.ssn_valid(*bad)
-    assert not pii.ssn_valid("219", "00", "1234") and not pii.ssn_valid("219", "44", "0000")
-    assert found("codes 666-12-3456, 900-12-3456 or 219-00-1234") == []
+def test_iban_routing_and_ssn_checks() -> None:
+    gb = "GB82 WEST 1234 5698 7654 32"
+    assert found(f"IBAN {gb}") == [(gb, "bank_account")]
+    # The match may run on into the next word: the IBAN is the prefix of the country's length.
+    assert found(f"IBAN {gb} THANKS") == [(gb, "bank_account")]
+    assert found("IBAN NO93 8601 1117 947") == [("NO93 8601 1117 947", "bank_account")]
+    assert found("IBAN GB82 WEST 1234 5698 7654 33") == []  # mod 97
+    assert found("IBAN GB82WEST12345698765432X") == []  # too long for GB
+    # Right length and mod 97, but not GB's layout (a four-letter bank code, then digits)...
+    assert found("IBAN GB531234WEST5698765432") == []
+    # ...and a Norwegian account number whose national MOD11 check digit is wrong.
+    assert found("IBAN NO6686011117948") == []
+    assert found("routing number 021000021") == [("021000021", "bank_account")]
+    assert found("routing number 021000022") == []
+    assert found("codes 219-44-1234") == [("219-44-1234", "government_id")]
+    # Never issued (area 000, 666, 9xx; group 00; serial 0000) or published and void.
+    never = "000-12-3456, 666-12-3456, 900-12-3456, 219-00-1234, 219-44-0000"
+    assert found(f"codes {never}, 078-05-1120 or 457-55-5462") == []
 
 
 @pytest.mark.parametrize(("text", "kind", "value"), POSITIVES)
@@ -209,8 +218,9 @@ def test_phone_regions_setting() -> None:
     settings = Settings.from_env({"MEMSVC_PII_PHONE_REGIONS": "de, fr"})
     assert settings.pii_phone_regions == ("DE", "FR")
     assert Settings().pii_phone_regions == ("US", "GB")
+    # The region vocabulary is libphonenumber's, checked where the screen is built.
     with pytest.raises(ConfigError, match="MEMSVC_PII_PHONE_REGIONS: unknown region"):
-        Settings.from_env({"MEMSVC_PII_PHONE_REGIONS": "de,xx"})
+        pii_defaults(Settings.from_env({"MEMSVC_PII_PHONE_REGIONS": "de,xx"}))
 
 
 # -- end to end ----------------------------------------------------------------------------------

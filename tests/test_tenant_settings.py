@@ -16,6 +16,7 @@ from memsvc.governance.policy import (
     parse_pii_overrides,
     parse_pii_policy,
 )
+from memsvc.server.runtime import pii_defaults
 from memsvc.storage import tenant_settings
 
 
@@ -30,7 +31,7 @@ def test_policy_spec_parsing() -> None:
         with pytest.raises(PolicyError):
             parse_pii_policy(bad)
     with pytest.raises(ConfigError, match="MEMSVC_PII_POLICY"):
-        Settings.from_env({"MEMSVC_PII_POLICY": "email=maybe"})
+        pii_defaults(Settings.from_env({"MEMSVC_PII_POLICY": "email=maybe"}))
     assert Settings.from_env({"MEMSVC_MESSAGE_TTL_DAYS": "7"}).message_ttl_s == 7 * 86_400
 
 

@@ -1,19 +1,22 @@
 """Personal-data detectors and the screen that redacts or rejects what they find.
 
 Pure functions over text. Precision comes first: every detector needs a checksum (cards,
-IBANs, routing numbers), a registered number plan (phones, via libphonenumber's metadata), a
-strict official format (US SSN, UK NI number) or a keyword in front ("my passport number is",
-"OTP:", "my password is"). Dates, times, prices, years, versions, zip codes, quantities,
-order and tracking numbers pass untouched.
+IBANs, routing numbers: python-stdnum's), a registered number plan (phones, via
+libphonenumber's metadata), a strict official format (US SSN, UK NI number) or a keyword in
+front ("my passport number is", "OTP:", "my password is"). Dates, times, prices, years,
+versions, zip codes, quantities, order and tracking numbers pass untouched.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import phonenumbers
+from stdnum import iban, luhn, numdb
+from stdnum.us import rtn, ssn
 
 from memsvc.governance.policy import PII_KINDS, REDACT, REJECT, STORE
 
@@ -54,21 +57,8 @@ class Span:
 
 
 # -- checksums -------------------------------------------------------------------------------
-
-
-def luhn_valid(digits: str) -> bool:
-    """The Luhn (mod 10) check every payment card number satisfies."""
-    if not digits.isdigit() or len(digits) < 2:
-        return False
-    total = 0
-    for position, char in enumerate(reversed(digits)):
-        value = int(char)
-        if position % 2 == 1:
-            value *= 2
-            if value > 9:
-                value -= 9
-        total += value
-    return total % 10 == 0
+# Luhn, IBAN (per-country length and structure, mod 97), ABA routing numbers and SSN ranges
+# are python-stdnum's; only the card networks' prefixes are kept here (stdnum has none).
 
 
 def card_prefix_valid(digits: str) -> bool:
@@ -96,44 +86,6 @@ def card_prefix_valid(digits: str) -> bool:
     if p2 in (50, 56, 57, 58, 63, 67) or p2 == 60 or p2 in (81, 82):  # Maestro, RuPay
         return 13 <= n <= 19
     return False
-
-
-def iban_valid(iban: str) -> bool:
-    """ISO 13616: a known country's length and the mod-97 check."""
-    compact = iban.replace(" ", "").upper()
-    if _IBAN_LENGTHS.get(compact[:2]) != len(compact) or not compact.isalnum():
-        return False
-    rearranged = compact[4:] + compact[:4]
-    return int("".join(str(int(c, 36)) for c in rearranged)) % 97 == 1
-
-
-def aba_valid(digits: str) -> bool:
-    """The checksum of a US bank routing (ABA) number."""
-    if len(digits) != 9 or not digits.isdigit():
-        return False
-    d = [int(c) for c in digits]
-    return (3 * (d[0] + d[3] + d[6]) + 7 * (d[1] + d[4] + d[7]) + d[2] + d[5] + d[8]) % 10 == 0
-
-
-def ssn_valid(area: str, group: str, serial: str) -> bool:
-    """A US social security number the SSA could have issued."""
-    if area in ("000", "666") or area[0] == "9" or group == "00" or serial == "0000":
-        return False
-    return f"{area}{group}{serial}" not in ("078051120", "219099999")
-
-
-_IBAN_LENGTHS = {
-    "AD": 24, "AE": 23, "AL": 28, "AT": 20, "AZ": 28, "BA": 20, "BE": 16, "BG": 22, "BH": 22,
-    "BI": 27, "BR": 29, "BY": 28, "CH": 21, "CR": 22, "CY": 28, "CZ": 24, "DE": 22, "DJ": 27,
-    "DK": 18, "DO": 28, "EE": 20, "EG": 29, "ES": 24, "FI": 18, "FK": 18, "FO": 18, "FR": 27,
-    "GB": 22, "GE": 22, "GI": 23, "GL": 18, "GR": 27, "GT": 28, "HN": 28, "HR": 21, "HU": 28,
-    "IE": 22, "IL": 23, "IQ": 23, "IS": 26, "IT": 27, "JO": 30, "KW": 30, "KZ": 20, "LB": 28,
-    "LC": 32, "LI": 21, "LT": 20, "LU": 20, "LV": 21, "LY": 25, "MC": 27, "MD": 24, "ME": 22,
-    "MK": 19, "MN": 20, "MR": 27, "MT": 31, "MU": 30, "NI": 28, "NL": 18, "NO": 15, "OM": 23,
-    "PK": 24, "PL": 28, "PS": 29, "PT": 25, "QA": 29, "RO": 24, "RS": 22, "RU": 33, "SA": 24,
-    "SC": 31, "SD": 18, "SE": 24, "SI": 19, "SK": 24, "SM": 27, "SO": 23, "ST": 25, "SV": 28,
-    "TL": 23, "TN": 24, "TR": 26, "UA": 29, "VA": 22, "VG": 24, "XK": 20, "YE": 30,
-}  # fmt: skip
 
 
 # -- detectors ---------------------------------------------------------------------------------
@@ -189,7 +141,7 @@ def find_cards(text: str) -> Iterator[Span]:
                     and len(separators) <= 1
                     and _card_layout_ok([len(g.group()) for g in window])
                     and not (j == len(groups) - 1 and _glued_after(text, groups[j].end()))
-                    and luhn_valid(digits)
+                    and luhn.is_valid(digits)
                     and card_prefix_valid(digits)
                 ):
                     found = j
@@ -203,12 +155,23 @@ def find_cards(text: str) -> Iterator[Span]:
 
 
 _IBAN = re.compile(r"(?<![\w])[A-Z]{2}\d{2}(?: ?[A-Z0-9]){10,30}(?![\w])", re.ASCII)
+_BBAN_FIELD = re.compile(r"(\d+)!", re.ASCII)
+
+
+@functools.cache
+def _iban_length(country: str) -> int | None:
+    """Characters in the country's IBANs, from python-stdnum's copy of the SWIFT registry
+    (GB: "4!a6!n8!n", a four-letter bank code then 6 and 8 digits: 22 with the 4 in front);
+    None: the country has no IBANs."""
+    bban = numdb.get("iban").info(country)[0][1].get("bban")
+    return None if bban is None else 4 + sum(map(int, _BBAN_FIELD.findall(bban)))
 
 
 def find_ibans(text: str) -> Iterator[Span]:
-    """IBANs (compact or in groups of four), country length and mod-97 checked."""
+    """IBANs (compact or in groups of four) that python-stdnum accepts: the country's length
+    and layout, its national check where stdnum has one, and the mod-97 check."""
     for m in _IBAN.finditer(text):
-        length = _IBAN_LENGTHS.get(m.group()[:2])
+        length = _iban_length(m.group()[:2])
         if length is None:
             continue
         # Take exactly the country's length of characters; the rest may be another word.
@@ -219,12 +182,15 @@ def find_ibans(text: str) -> Iterator[Span]:
             if count == length:
                 break
         end += 1
-        if count != length or _glued_after(text, end) or not iban_valid(text[m.start() : end]):
+        if count != length or _glued_after(text, end):
             continue
-        yield Span(m.start(), end, "bank_account")
+        if iban.is_valid(text[m.start() : end]):
+            yield Span(m.start(), end, "bank_account")
 
 
-_SSN = re.compile(r"(?<![\w-])(\d{3})-(\d{2})-(\d{4})(?![\w-])", re.ASCII)
+_SSN = re.compile(r"(?<![\w-])\d{3}-\d{2}-\d{4}(?![\w-])", re.ASCII)
+# python-stdnum has no UK NI module; the format (with HMRC's never-issued prefixes) is all
+# there is to check: the number carries no check digit.
 _UK_NI = re.compile(
     r"(?<![\w])(?!BG|GB|NK|KN|TN|NT|ZZ)[A-CEGHJ-PR-TW-Z][A-CEGHJ-NPR-TW-Z]"
     r"(?: ?\d{2}){3} ?[A-D](?![\w])",
@@ -247,7 +213,7 @@ def _is_reference(text: str, start: int) -> bool:
 def find_ssns(text: str) -> Iterator[Span]:
     """US social security numbers written NNN-NN-NNNN, issued ranges only."""
     for m in _SSN.finditer(text):
-        if ssn_valid(m[1], m[2], m[3]) and not _is_reference(text, m.start()):
+        if ssn.is_valid(m.group()) and not _is_reference(text, m.start()):
             yield Span(m.start(), m.end(), "government_id")
 
 
@@ -332,7 +298,7 @@ def find_bank_accounts(text: str) -> Iterator[Span]:
         m, _ = found
         digits = re.sub(r"\D", "", m.group())
         keyword = key.group().lower()
-        if keyword.startswith(("routing", "aba")) and not aba_valid(digits):
+        if keyword.startswith(("routing", "aba")) and not rtn.is_valid(digits):
             continue
         if 6 <= len(digits) <= 17 and not _glued_after(text, m.end()):
             yield Span(m.start(), m.end(), "bank_account")

@@ -13,7 +13,7 @@ from memsvc.cache.invalidation import PacketInvalidator
 from memsvc.cache.packets import PacketCache
 from memsvc.concurrency.fanout import LegRunner
 from memsvc.concurrency.loop_lag import LoopLag
-from memsvc.config import Settings
+from memsvc.config import ConfigError, Settings
 from memsvc.embedding import Embedder
 from memsvc.embedding.factory import build_embedder
 from memsvc.embedding.measured import MeasuredEmbedder
@@ -24,7 +24,8 @@ from memsvc.extraction.guardrails import Thresholds
 from memsvc.governance import trust
 from memsvc.governance.expiry import ExpirySettings, ExpiryTask
 from memsvc.governance.guard import PiiGuard
-from memsvc.governance.policy import TenantPolicies, parse_pii_policy
+from memsvc.governance.pii import unknown_phone_regions
+from memsvc.governance.policy import PolicyError, TenantPolicies, parse_pii_policy
 from memsvc.ingest.pipeline import ExtractionPipeline, PipelineSettings
 from memsvc.ingest.reconcile import mark_stale, reconcile_once
 from memsvc.ingest.service import IngestService
@@ -50,6 +51,23 @@ def embedder_from_settings(settings: Settings, *, background: bool = False) -> E
         timeout_s=settings.embed_timeout_ms / 1000,
         background=background,
     )
+
+
+def pii_defaults(settings: Settings) -> dict[str, str]:
+    """The server's default PII policy, MEMSVC_PII_POLICY and MEMSVC_PII_PHONE_REGIONS checked.
+    Their vocabularies are governance's, which config (the bottom layer) does not import: the
+    `memsvc` command calls this before it starts anything, and Runtime.start before it
+    connects."""
+    try:
+        policy = parse_pii_policy(settings.pii_policy)
+    except PolicyError as exc:
+        raise ConfigError(f"MEMSVC_PII_POLICY: {exc}") from None
+    if unknown := unknown_phone_regions(settings.pii_phone_regions):
+        raise ConfigError(
+            f"MEMSVC_PII_PHONE_REGIONS: unknown region(s) {', '.join(unknown)}; expected "
+            "ISO 3166 codes such as US, GB, DE"
+        )
+    return policy
 
 
 def pipeline_settings(settings: Settings) -> PipelineSettings:
@@ -121,13 +139,14 @@ class Runtime:
         settings = self.settings
         if settings.pg_dsn is None or settings.redis_url is None:
             raise ValueError("pg_dsn and redis_url must be set before starting")
+        default_pii = pii_defaults(settings)
         try:
-            await self._build(settings)
+            await self._build(settings, default_pii)
         except BaseException:
             await self._stack.aclose()
             raise
 
-    async def _build(self, settings: Settings) -> None:
+    async def _build(self, settings: Settings, default_pii: dict[str, str]) -> None:
         assert settings.pg_dsn is not None and settings.redis_url is not None
         self.pool = await connect_and_migrate(settings)
         self._stack.push_async_callback(self.pool.close)
@@ -155,7 +174,7 @@ class Runtime:
         self.invalidator = PacketInvalidator(self.redis, timeout_s=settings.redis_timeout_ms / 1000)
         self.policies = TenantPolicies(
             self.pool,
-            default_pii=parse_pii_policy(settings.pii_policy),
+            default_pii=default_pii,
             default_message_ttl_s=settings.message_ttl_s,
             cache_s=settings.tenant_settings_cache_s,
         )
@@ -210,7 +229,9 @@ class Runtime:
                 worker_settings(settings),
                 dsn=settings.pg_dsn,
                 periodic=lambda: reconcile_once(
-                    self.pool, MeasuredEmbedder(self.pipeline_embedder, "reconcile")
+                    self.pool,
+                    MeasuredEmbedder(self.pipeline_embedder, "reconcile"),
+                    embed_timeout_s=settings.worker_embed_timeout_s,
                 ),
             )
             await worker.start()

@@ -1,0 +1,235 @@
+"""Settings: one variable per field, strict parsing, secrets kept out of repr, bad governance
+settings stop the command, and the README's table is the code's.
+
+`python -m tests.test_config` rewrites the README's table from the code."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import typing
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from memsvc import cli
+from memsvc.config import ENV_SETTINGS, ConfigError, Settings, env_name
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+SECTION = "## Configuration"
+
+# Values for the fields a plain one would not pass validation for (a vocabulary, a choice).
+SAMPLES: dict[str, tuple[str, Any]] = {
+    "embedder": ("openai", "openai"),
+    "extractor": ("openai", "openai"),
+    "log_format": ("json", "json"),
+    "pii_policy": ("reject,email=store", "reject,email=store"),
+    "user_id_pattern": ("[a-z]+", "[a-z]+"),
+    "categories": ("Context, preference", ("context", "preference")),
+    "roles": ("core,context", ("core", "context")),
+    "pii_phone_regions": ("de, fr", ("DE", "FR")),
+    "confidence_half_life_days": ("event=3", (("event", 3.0),)),
+    "metrics_port": ("off", None),
+}
+
+
+def _sample(name: str, default: Any) -> tuple[str, Any]:
+    """A valid value other than the default, as the environment writes it."""
+    if name in SAMPLES:
+        return SAMPLES[name]
+    if isinstance(default, bool):
+        return str(not default).lower(), not default
+    if isinstance(default, int):
+        value = default - 1 if default > 1 else default + 1
+        return str(value), value
+    if isinstance(default, float):
+        value = default * 0.9 if default else 1.5
+        return repr(value), value
+    if typing.get_type_hints(Settings)[name] in (Path, Path | None):
+        return "/srv/memsvc/x", Path("/srv/memsvc/x")
+    if default is None:
+        return "postgresql://x", "postgresql://x"
+    assert isinstance(default, str), name
+    return f"{default}-x", f"{default}-x"
+
+
+@pytest.mark.parametrize("spec", ENV_SETTINGS, ids=lambda s: s.variable)
+def test_every_field_is_set_by_its_own_variable(spec: Any) -> None:
+    assert spec.variable == "MEMSVC_" + spec.field.upper() == env_name(spec.field)
+    default = getattr(Settings(), spec.field)
+    raw, expected = _sample(spec.field, default)
+    assert expected != default
+    changed = Settings.from_env({spec.variable: raw})
+    assert getattr(changed, spec.field) == expected
+    # Only that field (and a lower limit that follows a smaller upper one) moved.
+    moved = {
+        f.name
+        for f in dataclasses.fields(Settings)
+        if getattr(changed, f.name) != getattr(Settings(), f.name)
+    }
+    assert moved - {spec.field} <= {
+        "pg_pool_min",
+        "default_page_size",
+        "recall_default_top_k",
+        "packet_default_chars",
+    }
+
+
+def test_the_variables_are_those_of_the_fields() -> None:
+    assert [s.field for s in ENV_SETTINGS] == [f.name for f in dataclasses.fields(Settings)]
+    # Names the old hand-kept table had, read the same as ever.
+    for name in ("MEMSVC_PG_DSN", "MEMSVC_RRF_K", "MEMSVC_PII_PHONE_REGIONS", "MEMSVC_ROUTING"):
+        assert name in {s.variable for s in ENV_SETTINGS}
+
+
+@pytest.mark.parametrize(
+    ("variable", "raw", "words"),
+    [
+        ("MEMSVC_ROUTING", "sometimes", "expected true/false"),
+        ("MEMSVC_RUN_WORKERS", "ture", "expected true/false"),
+        ("MEMSVC_GRPC_PORT", "1_000", "expected an integer"),
+        ("MEMSVC_GRPC_PORT", "5e4", "expected an integer"),
+        ("MEMSVC_GRPC_PORT", "70000", "at most 65535"),
+        ("MEMSVC_RECALL_MAX_TOP_K", "-3", ">= 0"),
+        ("MEMSVC_MAX_GOALS", "2.0", "expected an integer"),
+        ("MEMSVC_HALF_LIFE_DAYS", "nan", "finite"),
+        ("MEMSVC_SHUTDOWN_GRACE_S", "inf", "finite"),
+        ("MEMSVC_TENANT_RATE_PER_S", "fast", "expected a number"),
+        ("MEMSVC_CONFIDENCE_HALF_LIFE_DAYS", "event", "category=days"),
+    ],
+)
+def test_values_are_parsed_strictly(variable: str, raw: str, words: str) -> None:
+    with pytest.raises(ConfigError, match=f"^{variable}: .*{words}"):
+        Settings.from_env({variable: raw})
+
+
+def test_booleans_and_empty_values() -> None:
+    for raw, expected in (("TRUE", True), ("on", True), ("1", True), ("Off", False), ("no", False)):
+        assert Settings.from_env({"MEMSVC_ALLOW_PLAINTEXT": raw}).allow_plaintext is expected
+    # An empty variable is an unset one: the default holds.
+    assert Settings.from_env({"MEMSVC_AUTH_ENABLED": "", "MEMSVC_GRPC_PORT": " "}) == Settings()
+
+
+def test_limits_without_a_variable_before_are_checked() -> None:
+    assert Settings.from_env({"MEMSVC_RECALL_MAX_TOP_K": "5"}).recall_default_top_k == 5
+    with pytest.raises(ConfigError, match="MEMSVC_RECALL_DEFAULT_TOP_K"):
+        Settings.from_env({"MEMSVC_RECALL_DEFAULT_TOP_K": "500"})
+    with pytest.raises(ConfigError, match="MEMSVC_MAX_ID_CHARS"):
+        Settings.from_env({"MEMSVC_MAX_ID_CHARS": "0"})
+    with pytest.raises(ConfigError, match="MEMSVC_DEFAULT_WRITE_DEADLINE_MS"):
+        Settings.from_env({"MEMSVC_DEFAULT_WRITE_DEADLINE_MS": "5"})
+
+
+def test_secrets_never_in_repr() -> None:
+    secret = {f.name for f in dataclasses.fields(Settings) if not f.repr}
+    assert secret == {"pg_dsn", "redis_url", "openai_api_key", "openai_chat_api_key"}
+    settings = Settings.from_env({env_name(name): f"s3cret-{name}" for name in secret})
+    assert "s3cret" not in repr(settings) and "s3cret" not in str(settings)
+
+
+@pytest.mark.parametrize(
+    ("variable", "raw", "message"),
+    [
+        ("MEMSVC_PII_POLICY", "email=maybe", "MEMSVC_PII_POLICY: unknown action 'maybe'"),
+        ("MEMSVC_PII_PHONE_REGIONS", "de,xx", "MEMSVC_PII_PHONE_REGIONS: unknown region(s) XX"),
+    ],
+)
+@pytest.mark.parametrize("command", ["serve", "worker", "migrate"])
+def test_a_bad_governance_setting_stops_the_command(
+    command: str,
+    variable: str,
+    raw: str,
+    message: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Without the check each of these would fail on the missing database instead.
+    monkeypatch.delenv("MEMSVC_PG_DSN", raising=False)
+    monkeypatch.setenv(variable, raw)
+    assert cli.main([command]) == 2
+    assert f"memsvc: configuration error: {message}" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(60)
+def test_memsvc_dev_fails_fast_on_a_bad_pii_policy(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSVC_")}
+    env["MEMSVC_PII_POLICY"] = "keep"
+    done = subprocess.run(
+        [sys.executable, "-m", "memsvc", "dev", "--data-dir", str(tmp_path / "data")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
+    assert done.returncode == 2
+    assert "configuration error: MEMSVC_PII_POLICY: unknown action 'keep'" in done.stderr
+    assert not (tmp_path / "data").exists()  # no embedded server was started
+
+
+# -- the README's table ---------------------------------------------------------------------
+
+
+def _cell(value: object) -> str:
+    if value is None or value in ("", ()):
+        return ""
+    if isinstance(value, bool):
+        text = str(value).lower()
+    elif isinstance(value, float):
+        text = f"{value:g}"
+    elif isinstance(value, tuple):
+        text = ",".join(
+            f"{item[0]}={item[1]:g}" if isinstance(item, tuple) else str(item) for item in value
+        )
+    else:
+        text = str(value)
+    return f"`{text}`".replace("|", "\\|")
+
+
+def settings_table() -> list[str]:
+    """The README's table: one row per field, its variable, default and description."""
+    defaults = Settings()
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    for spec in ENV_SETTINGS:
+        default = _cell(getattr(defaults, spec.field))
+        meaning = spec.help.replace("|", "\\|")
+        rows.append(f"| `{spec.variable}` | {default} | {meaning} |")
+    return rows
+
+
+def _readme_table(lines: list[str]) -> tuple[int, int]:
+    """Where the table of the configuration section starts and ends (line indexes)."""
+    start = lines.index(SECTION)
+    end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith("## "))
+    rows = [i for i in range(start, end) if lines[i].startswith("|")]
+    assert rows, f"no table under {SECTION!r} in README.md"
+    assert rows == list(range(rows[0], rows[-1] + 1)), "the settings table is not one block"
+    return rows[0], rows[-1] + 1
+
+
+def test_readme_table_is_the_settings() -> None:
+    lines = README.read_text().splitlines()
+    start, end = _readme_table(lines)
+    documented = lines[start:end]
+    expected = settings_table()
+    missing = set(expected) - set(documented)
+    unknown = set(documented) - set(expected)
+    assert documented == expected, (
+        "README.md's settings table differs from memsvc/config.py "
+        "(rewrite it with `python -m tests.test_config`):\n"
+        + "".join(f"  missing or changed: {row}\n" for row in sorted(missing))
+        + "".join(f"  not a setting (or stale): {row}\n" for row in sorted(unknown))
+    )
+
+
+def _rewrite_readme() -> None:
+    lines = README.read_text().splitlines()
+    start, end = _readme_table(lines)
+    lines[start:end] = settings_table()
+    README.write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    _rewrite_readme()
