@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from memsvc.concurrency.backoff import backoff_delay
+
 RETRY_AFTER_KEY = "retry-after-ms"
 
 
@@ -18,7 +20,8 @@ class RetryPolicy:
     initial_backoff_ms: float = 25.0
     max_backoff_ms: float = 1000.0
     multiplier: float = 2.0
-    #: Fraction of the delay drawn at random (0.2: 80% to 100% of the computed delay).
+    #: Fraction of the delay drawn at random (0.2: 80% to 100% of the computed delay; 1.0:
+    #: full jitter, anywhere below it). memsvc.concurrency.backoff computes it.
     jitter: float = 0.2
     retryable: frozenset[grpc.StatusCode] = field(
         default=frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
@@ -33,10 +36,14 @@ def backoff_ms(
     A server's retry hint wins when it asks for longer than the backoff: retrying sooner
     would only be refused again.
     """
-    base = min(
-        policy.max_backoff_ms, policy.initial_backoff_ms * policy.multiplier ** (attempt - 1)
+    delay = backoff_delay(
+        attempt,
+        base=policy.initial_backoff_ms,
+        cap=policy.max_backoff_ms,
+        multiplier=policy.multiplier,
+        jitter=policy.jitter,
+        random_unit=random_unit,
     )
-    delay = base * (1 - policy.jitter * random_unit)
     if retry_after_ms is not None:
         delay = max(delay, retry_after_ms)
     return delay
