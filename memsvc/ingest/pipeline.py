@@ -1,7 +1,11 @@
 """One ingest job, end to end: index messages, partition speakers, extract, guard, decide, write.
 
 Each human speaker is processed in its own transaction, keyed by (job, speaker) so a re-run
-adds nothing; one speaker's failure never rolls back another's, and the job is retried.
+adds nothing; one speaker's failure never rolls back another's, and the worker decides from
+the failures whether the job is retried (ingest.failures). Only the errors a step is expected
+to raise are caught here: anything else is a bug and ends the attempt at once. Every pool
+acquire is bounded by ``acquire_timeout_s``; every statement by the pool's command_timeout;
+the whole job by the worker's deadline.
 """
 
 from __future__ import annotations
@@ -17,13 +21,12 @@ import asyncpg
 import numpy as np
 
 from memsvc.cache.invalidation import PacketInvalidator
-from memsvc.embedding import Embedder
+from memsvc.embedding import Embedder, EmbeddingError
 from memsvc.extraction.base import (
     CandidateEpisode,
     CandidateFact,
     Decision,
     Extraction,
-    ExtractionError,
     ExtractionInput,
     Extractor,
     Turn,
@@ -40,6 +43,8 @@ from memsvc.extraction.guardrails import (
 from memsvc.extraction.predicates import HISTORICAL_OF, OPPOSITE
 from memsvc.governance.guard import PiiGuard
 from memsvc.governance.pii import Screened
+from memsvc.ingest.failures import SPEAKER_ERRORS, InvalidExtraction, SpeakerFailures
+from memsvc.ingest.payload import JobPayload, parse_payload
 from memsvc.memories.compaction import CoreCompactor
 from memsvc.memories.normalize import content_hash, normalize_content
 from memsvc.observability import metrics
@@ -86,15 +91,6 @@ class Outcome:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-class SpeakerFailures(Exception):
-    """Some speakers of a job failed (others committed); the job is retried for them."""
-
-    def __init__(self, failures: dict[str, BaseException]) -> None:
-        kinds = sorted({type(e).__name__ for e in failures.values()})
-        super().__init__(f"{len(failures)} speaker(s) failed: {', '.join(kinds)}")
-        self.failures = failures
-
-
 @dataclass(frozen=True)
 class PipelineSettings:
     categories: tuple[str, ...]
@@ -107,6 +103,10 @@ class PipelineSettings:
     embed_timeout_s: float = 10.0
     goal_category: str = "goal"
     goal_role: str = "core"
+    # Background work may wait longer for a connection than a call does
+    # (MEMSVC_PG_ACQUIRE_TIMEOUT_MS): a busy pool is no reason to spend one of the job's
+    # attempts. Not a setting yet: reported to the lead.
+    acquire_timeout_s: float = 10.0
 
 
 @dataclass
@@ -144,18 +144,20 @@ class ExtractionPipeline:
         self._topic_vectors: OrderedDict[str, np.ndarray] = OrderedDict()
 
     async def run(self, job: Job) -> Outcome:
-        """Process the job; raises on failure (the worker retries), never leaves half a speaker."""
+        """Process the job; raises on failure (the worker classifies it), never leaves half a
+        speaker."""
+        payload = parse_payload(job.payload)
         outcome = Outcome()
-        if job.payload.get("end_of_session"):
-            await self._end_session(job)
-        async with self._pool.acquire() as conn:
+        if payload.end_of_session:
+            await self._end_session(job, payload)
+        async with self._acquire() as conn:
             rows = await messages.messages_of_ingest(conn, job.scope, job.ingest_id)
         outcome.messages_indexed = await self._index_messages(job.scope, rows)
         failures: dict[str, BaseException] = {}
-        for speaker in self._speakers(job, rows):
+        for speaker in self._speakers(job, payload, rows):
             try:
                 outcome.add(await self._process_speaker(job, speaker))
-            except (ExtractionError, asyncpg.PostgresError, OSError, TimeoutError) as exc:
+            except SPEAKER_ERRORS as exc:
                 log.warning(
                     "extraction failed for a speaker of ingest %s: %s",
                     job.ingest_id,
@@ -166,16 +168,19 @@ class ExtractionPipeline:
             raise SpeakerFailures(failures)
         return outcome
 
+    def _acquire(self) -> asyncpg.pool.PoolAcquireContext:
+        return self._pool.acquire(timeout=self._settings.acquire_timeout_s)
+
     # -- steps ---------------------------------------------------------------------------------
 
-    async def _end_session(self, job: Job) -> None:
+    async def _end_session(self, job: Job, payload: JobPayload) -> None:
         """The session ended: its SESSION memories go (in the owner's scope, and the
         counterpart persona's when the session was with one). Idempotent, so retries are free."""
         scopes = [job.scope]
-        persona = str(job.payload.get("counterpart_persona_id") or "")
+        persona = payload.counterpart_persona_id
         if persona and persona != job.scope.persona_id:
             scopes.append(replace(job.scope, persona_id=persona))
-        async with self._pool.acquire() as conn, conn.transaction():
+        async with self._acquire() as conn, conn.transaction():
             deleted = await retention.end_session(conn, scopes, job.session_id)
             if deleted:
                 await versions.bump_version(conn, job.scope.tenant_id, job.scope.user_id)
@@ -190,7 +195,7 @@ class ExtractionPipeline:
         by_session: dict[str, list[str]] = {}
         for r in rows:
             by_session.setdefault(r["session_id"], []).append(r["message_id"])
-        async with self._pool.acquire() as conn:
+        async with self._acquire() as conn:
             for session_id, ids in by_session.items():
                 await messages.index_session_context(conn, scope, session_id, ids)
         todo = [r for r in rows if r["embedding_state"] != "ok" and r["text"].strip()]
@@ -200,10 +205,10 @@ class ExtractionPipeline:
             vectors = await self._embedder.embed(
                 [r["text"] for r in todo], timeout_s=self._settings.embed_timeout_s
             )
-        except Exception as exc:
+        except EmbeddingError as exc:
             log.warning("message embedding failed, left for reconcile: %s", type(exc).__name__)
             return 0
-        async with self._pool.acquire() as conn:
+        async with self._acquire() as conn:
             await messages.set_message_embeddings(
                 conn,
                 scope,
@@ -213,11 +218,13 @@ class ExtractionPipeline:
             )
         return len(todo)
 
-    def _speakers(self, job: Job, rows: Sequence[asyncpg.Record]) -> list[_Speaker]:
+    def _speakers(
+        self, job: Job, payload: JobPayload, rows: Sequence[asyncpg.Record]
+    ) -> list[_Speaker]:
         """Human speakers only: USER role and a well-formed user id. Bots, assistants, system
         and malformed ids are excluded by construction. Every row is stamped with the
         counterpart persona when the session was with one."""
-        persona = str(job.payload.get("counterpart_persona_id") or "") or job.scope.persona_id
+        persona = payload.counterpart_persona_id or job.scope.persona_id
         by_sender: dict[str, _Speaker] = {}
         for r in rows:
             sender = r["sender_id"]
@@ -228,7 +235,7 @@ class ExtractionPipeline:
                 speaker = _Speaker(Scope(job.scope.tenant_id, sender, persona, job.scope.agent_id))
                 by_sender[sender] = speaker
             speaker.turns.append(Turn(r["message_id"], r["text"], r["sent_at"]))
-        goals = tuple(str(g) for g in job.payload.get("goals") or ())
+        goals = payload.goals
         if goals:
             owner = job.scope.user_id
             if owner not in by_sender:
@@ -240,7 +247,7 @@ class ExtractionPipeline:
 
     async def _process_speaker(self, job: Job, speaker: _Speaker) -> Outcome:
         scope = speaker.scope
-        async with self._pool.acquire() as conn:
+        async with self._acquire() as conn:
             done = await store.run_outcome(conn, scope, job.ingest_id)
         if done is not None:
             result = Outcome()
@@ -252,14 +259,16 @@ class ExtractionPipeline:
         outcome.dropped_by_gates += len(speaker.turns) - len(kept)
         extraction = Extraction(episode=None)
         if kept:
-            extraction = await self._extractor.extract(
-                ExtractionInput(
-                    speaker_id=scope.user_id,
-                    session_id=job.session_id,
-                    turns=tuple(kept),
-                    categories=self._settings.categories,
-                    roles=self._settings.roles,
-                    max_facts=self._settings.max_facts_per_episode,
+            extraction = self._checked(
+                await self._extractor.extract(
+                    ExtractionInput(
+                        speaker_id=scope.user_id,
+                        session_id=job.session_id,
+                        turns=tuple(kept),
+                        categories=self._settings.categories,
+                        roles=self._settings.roles,
+                        max_facts=self._settings.max_facts_per_episode,
+                    )
                 )
             )
         candidates = self._screen(extraction.facts, kept, outcome) + self._goal_facts(speaker)
@@ -270,7 +279,7 @@ class ExtractionPipeline:
         candidates = self._screen_pii(candidates, policy, outcome)
         topics = self._screen_topics(topics, policy)
 
-        async with self._pool.acquire() as conn:
+        async with self._acquire() as conn:
             previous = await store.episode_summary(conn, scope, job.session_id)
         episode = _merge_episode(previous, extraction.episode)
         episode = self._screen_episode(episode, policy, outcome)
@@ -298,7 +307,7 @@ class ExtractionPipeline:
         if episode is not None and reused is None:
             episode_vector = vectors[-1]
 
-        async with self._pool.acquire() as conn, conn.transaction():
+        async with self._acquire() as conn, conn.transaction():
             await store.lock_user(conn, scope.tenant_id, scope.user_id)
             if not await store.sources_remain(
                 conn,
@@ -366,6 +375,22 @@ class ExtractionPipeline:
             await store.finish_run(conn, scope, job.ingest_id, outcome.as_dict())
         await self._invalidator.drop_user(scope.tenant_id, scope.user_id)
         return outcome
+
+    def _checked(self, extraction: object) -> Extraction:
+        """The extractor's result, when it has the shape the protocol promises. A plug-in that
+        answers otherwise does so again on the same turns: InvalidExtraction is permanent."""
+        if not isinstance(extraction, Extraction):
+            raise InvalidExtraction(f"{self._extractor.name} returned {type(extraction).__name__}")
+        episode_ok = extraction.episode is None or isinstance(extraction.episode, CandidateEpisode)
+        facts_ok = all(
+            isinstance(f, CandidateFact)
+            and isinstance(f.content, str)
+            and isinstance(f.confidence, int | float)
+            for f in extraction.facts
+        )
+        if not (episode_ok and facts_ok and all(isinstance(t, str) for t in extraction.topics)):
+            raise InvalidExtraction(f"{self._extractor.name} returned a malformed Extraction")
+        return extraction
 
     def _screen(
         self, facts: Sequence[CandidateFact], kept: Sequence[Turn], outcome: Outcome

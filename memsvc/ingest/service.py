@@ -10,6 +10,7 @@ import asyncpg
 from memsvc.concurrency.deadline import Budget
 from memsvc.errors import NotFound
 from memsvc.governance.policy import TenantPolicies
+from memsvc.ingest.payload import JobPayload
 from memsvc.storage import outbox
 from memsvc.storage.messages import StoredMessage, insert_messages
 from memsvc.storage.model import Scope
@@ -55,11 +56,9 @@ class IngestService:
     async def ingest(self, command: IngestCommand, budget: Budget) -> IngestReceipt:
         """Exactly two writes: the outbox row (its unique key makes retries free), the messages."""
         ingest_id = uuid.uuid4()
-        payload = {
-            "end_of_session": command.end_of_session,
-            "goals": list(command.goals),
-            "counterpart_persona_id": command.counterpart_persona_id,
-        }
+        payload = JobPayload(
+            command.end_of_session, command.goals, command.counterpart_persona_id
+        ).as_json()
         async with acquire(self._pool, budget, timeout_s=self._acquire_timeout_s) as conn:
             ttl_s = 0
             if self._policies is not None and command.messages:

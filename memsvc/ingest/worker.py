@@ -1,9 +1,15 @@
-"""The outbox worker: claim due jobs (SKIP LOCKED + lease), run them, retry with backoff.
+"""The outbox worker: claim due jobs (SKIP LOCKED + lease), run them, end each one.
 
 Woken by LISTEN/NOTIFY on new jobs, by a periodic sweep (inactive users' sessions, expired
 leases, due retries), and by `kick(tenant, user)` when a user with pending work reads
 (so an active user's memories exist before the next turn). All three go through the same
 claim, so no job is ever processed twice at once.
+
+Every attempt ends one of three ways (ingest.failures): done; retry, due again after an
+exponential backoff with full jitter (a transient failure); or abort, dead at once (a
+permanent failure or a bug) or after the last attempt. A job runs under its deadline, every
+acquire and statement here under its own timeout, and the final state write is shielded
+from cancellation.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ from dataclasses import dataclass
 
 import asyncpg
 
+from memsvc.concurrency.backoff import backoff_delay
+from memsvc.ingest.failures import Failure, Verdict, classify
 from memsvc.ingest.pipeline import ExtractionPipeline, Outcome
 from memsvc.observability import metrics
 from memsvc.storage import outbox
@@ -39,6 +47,11 @@ DATABASE_DOWN = (
 )
 
 
+# The listener's reconnect delays (seconds): exponential from the first, capped.
+_LISTEN_BACKOFF_BASE_S = 0.5
+_LISTEN_BACKOFF_MAX_S = 10.0
+
+
 @dataclass(frozen=True)
 class WorkerSettings:
     concurrency: int = 2
@@ -48,14 +61,14 @@ class WorkerSettings:
     max_attempts: int = 5
     backoff_base_s: float = 2.0
     backoff_max_s: float = 300.0
+    # Share of each retry delay drawn at random (1.0: full jitter, anywhere below it).
+    backoff_jitter: float = 1.0
     sweep_interval_s: float = 15.0
     reconcile_interval_s: float = 60.0
-
-
-def backoff_delay(attempts: int, settings: WorkerSettings, rng: random.Random) -> float:
-    """Exponential backoff with full jitter: base * 2^(n-1), capped, times U(0.5, 1.5)."""
-    raw = min(settings.backoff_max_s, settings.backoff_base_s * 2 ** max(0, attempts - 1))
-    return float(raw * rng.uniform(0.5, 1.5))
+    # Claims, final states and the listener. Background work may wait longer for a
+    # connection than a call does (MEMSVC_PG_ACQUIRE_TIMEOUT_MS); not a setting yet.
+    acquire_timeout_s: float = 10.0
+    statement_timeout_s: float = 5.0
 
 
 class OutboxWorker:
@@ -182,8 +195,16 @@ class OutboxWorker:
                 await self._maybe_periodic()
             except DATABASE_DOWN as exc:
                 log.warning("worker loop: %s; retrying", type(exc).__name__)
+            except Exception:
+                # A bug in claiming or periodic work: said loudly, with its stack, at every
+                # sweep; the loop itself lives on (were it to die, nothing would be claimed
+                # again, and nothing would say so).
+                log.error("worker loop failed unexpectedly; retrying", exc_info=True)
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
+            # that lands as the event is set (stop() does both).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=self._settings.sweep_interval_s)
+                async with asyncio.timeout(self._settings.sweep_interval_s):
+                    await self._wake.wait()
 
     async def _maybe_periodic(self) -> None:
         now = time.monotonic()
@@ -194,22 +215,26 @@ class OutboxWorker:
             return
         self._last_periodic = now
         await self._periodic()
-        async with self._pool.acquire() as conn:
-            depth, age = await outbox.depth(conn)
+        async with self._acquire() as conn:
+            depth, age = await outbox.depth(conn, timeout_s=self._settings.statement_timeout_s)
         metrics.OUTBOX_DEPTH.set(depth)
         metrics.OUTBOX_AGE.set(age)
 
     async def _listen(self) -> None:
         """LISTEN for new jobs on a dedicated connection; reconnect with backoff when it drops."""
-        delay = 0.5
+        failures = 0
         while not self._stopping.is_set():
             conn: asyncpg.Connection | None = None
             try:
-                conn = await asyncpg.connect(self._dsn, timeout=10)
+                conn = await asyncpg.connect(
+                    self._dsn,
+                    timeout=self._settings.acquire_timeout_s,
+                    command_timeout=self._settings.statement_timeout_s,
+                )
                 lost = asyncio.Event()
                 conn.add_termination_listener(lambda _c, lost=lost: lost.set())
                 await conn.add_listener(CHANNEL, lambda *_args: self._wake.set())
-                delay = 0.5
+                failures = 0
                 # Jobs may have arrived while we were not listening.
                 self._wake.set()
                 await lost.wait()
@@ -218,8 +243,15 @@ class OutboxWorker:
             finally:
                 if conn is not None and not conn.is_closed():
                     await conn.close(timeout=2)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 10.0)
+            failures += 1
+            await asyncio.sleep(
+                backoff_delay(
+                    failures,
+                    base=_LISTEN_BACKOFF_BASE_S,
+                    cap=_LISTEN_BACKOFF_MAX_S,
+                    random_unit=self._rng.random(),
+                )
+            )
 
     # -- claiming and running ------------------------------------------------------------------
 
@@ -236,7 +268,7 @@ class OutboxWorker:
                 continue
             self._claiming += 1
             try:
-                async with self._pool.acquire() as conn:
+                async with self._acquire() as conn:
                     jobs = await outbox.claim(
                         conn,
                         worker_id=self.worker_id,
@@ -244,6 +276,7 @@ class OutboxWorker:
                         limit=free,
                         tenant_id=tenant_id,
                         user_id=user_id,
+                        timeout_s=self._settings.statement_timeout_s,
                     )
                 for job in jobs:
                     self._spawn_job(job)
@@ -257,54 +290,80 @@ class OutboxWorker:
                 await self._wait_jobs()
         return claimed
 
+    def _acquire(self) -> asyncpg.pool.PoolAcquireContext:
+        return self._pool.acquire(timeout=self._settings.acquire_timeout_s)
+
     async def _run(self, job: Job) -> None:
         started = time.perf_counter()
         if job.attempts > self._settings.max_attempts:
             # Claimed again after its last attempt's lease expired (that worker died mid-job).
-            await asyncio.shield(self._failed(job, TimeoutError("lease expired")))
+            await asyncio.shield(self._dead(job, "lease expired"))
             return
         try:
             async with asyncio.timeout(self._settings.job_timeout_s):
                 outcome = await self._pipeline.run(job)
         except asyncio.CancelledError:
-            # Shutdown: hand the job back at once rather than waiting for the lease to expire.
-            await asyncio.shield(self._give_back(job, "shutdown", 0.0))
+            # Shutdown: hand the job back at once rather than waiting for the lease to expire
+            # (if the database is gone too, the lease does it). The cancellation goes on.
+            with contextlib.suppress(*DATABASE_DOWN):
+                await asyncio.shield(self._give_back(job, "shutdown", 0.0))
             raise
-        except Exception as exc:
-            await asyncio.shield(self._failed(job, exc))
+        except Exception as exc:  # every failure is classified: retried, or dead with a reason
+            failure = classify(exc)
+            if failure.unexpected:
+                # The log formatter renders the class and frames, never the message.
+                log.error(
+                    "ingest %s failed on an unexpected error; the job is dead",
+                    job.ingest_id,
+                    exc_info=exc,
+                )
+            await asyncio.shield(self._failed(job, failure))
             return
         finally:
             metrics.JOB_SECONDS.observe(time.perf_counter() - started)
         await asyncio.shield(self._done(job, outcome))
 
     async def _done(self, job: Job, outcome: Outcome) -> None:
-        async with self._pool.acquire() as conn:
-            kept = await outbox.complete(conn, job, outcome.as_dict())
+        async with self._acquire() as conn:
+            kept = await outbox.complete(
+                conn, job, outcome.as_dict(), timeout_s=self._settings.statement_timeout_s
+            )
         metrics.INGEST_JOBS.labels("done" if kept else "lease_lost").inc()
         for kind, value in outcome.as_dict().items():
             if value:
                 metrics.EXTRACTION_OUTCOMES.labels(kind).inc(value)
 
     async def _give_back(self, job: Job, kind: str, delay_s: float) -> None:
-        async with self._pool.acquire() as conn:
-            await outbox.retry_later(conn, job, kind, delay_s)
+        async with self._acquire() as conn:
+            await outbox.retry_later(
+                conn, job, kind, delay_s, timeout_s=self._settings.statement_timeout_s
+            )
 
-    async def _failed(self, job: Job, exc: BaseException) -> None:
-        kind = type(exc).__name__
-        if job.attempts >= self._settings.max_attempts:
-            async with self._pool.acquire() as conn:
-                await outbox.mark_dead(conn, job, kind)
-            metrics.INGEST_DEAD.inc()
-            metrics.INGEST_JOBS.labels("dead").inc()
-            log.error("ingest %s is dead after %d attempts (%s)", job.ingest_id, job.attempts, kind)
+    async def _dead(self, job: Job, reason: str) -> None:
+        async with self._acquire() as conn:
+            await outbox.mark_dead(conn, job, reason, timeout_s=self._settings.statement_timeout_s)
+        metrics.INGEST_DEAD.inc()
+        metrics.INGEST_JOBS.labels("dead").inc()
+        log.error("ingest %s is dead after %d attempt(s): %s", job.ingest_id, job.attempts, reason)
+
+    async def _failed(self, job: Job, failure: Failure) -> None:
+        if failure.verdict is Verdict.ABORT or job.attempts >= self._settings.max_attempts:
+            await self._dead(job, failure.reason)
             return
-        delay = backoff_delay(job.attempts, self._settings, self._rng)
-        await self._give_back(job, kind, delay)
+        s = self._settings
+        delay = backoff_delay(
+            job.attempts,
+            base=s.backoff_base_s,
+            cap=s.backoff_max_s,
+            jitter=s.backoff_jitter,
+            random_unit=self._rng.random(),
+        )
+        await self._give_back(job, failure.reason, delay)
         metrics.INGEST_JOBS.labels("retry").inc()
         log.warning(
             "ingest %s attempt %d failed (%s); retry in %.1fs",
             job.ingest_id,
             job.attempts,
-            kind,
+            failure.reason,
             delay,
         )

@@ -40,6 +40,7 @@ import numpy as np
 
 from memsvc.embedding import Embedder, EmbeddingError
 from memsvc.errors import InvalidArgument
+from memsvc.extraction.base import ExtractionError
 from memsvc.governance import trust
 from memsvc.memories.normalize import content_hash, normalize_content
 from memsvc.observability import metrics
@@ -241,7 +242,9 @@ class CoreCompactor:
                 text = await self._summarizer.summarize_core(
                     [r.content for r in chosen], max_chars=room, timeout_s=timeout_s
                 )
-        except Exception as exc:  # TimeoutError included: fall back to demotion
+        except (TimeoutError, ExtractionError) as exc:
+            # The model was late or unreachable: plain demotion. Anything else is a bug and
+            # fails the write (a Remember answers INTERNAL; an extraction job is aborted).
             log.warning("core summary failed, demoting instead: %s", type(exc).__name__)
             text = None
         text = normalize_content(text or "")

@@ -32,6 +32,15 @@ from memsvc.storage.references import mark_referenced
 log = logging.getLogger(__name__)
 
 _Key = tuple[str, str, uuid.UUID]
+# What a flush may meet when the database is slow or away (a closed pool, a lost connection,
+# the acquire or statement timeout): logged and counted, the ids dropped.
+_FLUSH_ERRORS = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+    OSError,
+    TimeoutError,
+)
 # Ids written per statement (each in its own short transaction). Small enough that encoding
 # one chunk (on the event loop that also answers reads) is a fraction of a millisecond: the
 # loop is free again while PostgreSQL works on it.
@@ -115,11 +124,16 @@ class ReferenceRecorder:
                         chunk = rows[start : start + FLUSH_CHUNK]
                         updated += await mark_referenced(conn, chunk, timeout_s=self._timeout_s)
             except Exception as exc:
-                log.warning(
-                    "could not write last_referenced_at for %d memories: %s",
-                    len(rows),
-                    type(exc).__name__,
-                )
+                # Never raised (a flush runs beside reads and at stop), but a bug is logged
+                # with its stack, not as a database hiccup.
+                if isinstance(exc, _FLUSH_ERRORS):
+                    log.warning(
+                        "could not write last_referenced_at for %d memories: %s",
+                        len(rows),
+                        type(exc).__name__,
+                    )
+                else:
+                    log.error("flushing last_referenced_at failed unexpectedly", exc_info=True)
                 metrics.REFERENCES_DROPPED.labels("flush_failed").inc(len(rows))
                 # Not written: the next read of these ids queues them again.
                 for _tenant, _user, memory_id in batch:

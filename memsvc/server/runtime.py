@@ -95,6 +95,7 @@ def worker_settings(settings: Settings) -> WorkerSettings:
         backoff_base_s=settings.worker_backoff_base_s,
         sweep_interval_s=settings.worker_sweep_interval_s,
         reconcile_interval_s=settings.reconcile_interval_s,
+        statement_timeout_s=settings.pg_command_timeout_ms / 1000,
     )
 
 

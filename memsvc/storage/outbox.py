@@ -1,4 +1,8 @@
-"""The ingest outbox: enqueue with an idempotency key, claim with SKIP LOCKED and a lease."""
+"""The ingest outbox: enqueue with an idempotency key, claim with SKIP LOCKED and a lease.
+
+The worker's calls take ``timeout_s`` for their statement (None: the connection's
+command_timeout); a job's end is one of complete, retry_later or mark_dead.
+"""
 
 from __future__ import annotations
 
@@ -20,7 +24,8 @@ class Job:
     scope: Scope
     ingest_id: uuid.UUID
     session_id: str
-    payload: dict[str, Any]
+    # The stored JSON as decoded: the pipeline checks its shape (ingest.payload).
+    payload: object
     attempts: int
     leased_by: str
 
@@ -45,7 +50,7 @@ async def enqueue(
     ingest_id: uuid.UUID,
     idempotency_key: str,
     session_id: str,
-    payload: dict[str, Any],
+    payload: dict[str, object],
 ) -> bool:
     """Insert the job; False when the tenant already used this idempotency key."""
     inserted = await conn.fetchval(
@@ -113,6 +118,7 @@ async def claim(
     limit: int,
     tenant_id: str | None = None,
     user_id: str | None = None,
+    timeout_s: float | None = None,
 ) -> list[Job]:
     """Claim up to `limit` due jobs (optionally one user's), leasing them to this worker."""
     args: list[Any] = [lease_s, worker_id, limit]
@@ -120,7 +126,7 @@ async def claim(
     if tenant_id is not None and user_id is not None:
         user_filter = "AND o.tenant_id = $4 AND o.user_id = $5"
         args += [tenant_id, user_id]
-    rows = await conn.fetch(_CLAIM.format(user_filter=user_filter), *args)
+    rows = await conn.fetch(_CLAIM.format(user_filter=user_filter), *args, timeout=timeout_s)
     return [
         Job(
             scope=Scope(r["tenant_id"], r["user_id"], r["persona_id"], r["agent_id"]),
@@ -138,7 +144,13 @@ def _job_key(job: Job) -> tuple[str, str, uuid.UUID, str]:
     return (job.scope.tenant_id, job.scope.user_id, job.ingest_id, job.leased_by)
 
 
-async def complete(conn: asyncpg.Connection, job: Job, outcome: dict[str, int]) -> bool:
+async def complete(
+    conn: asyncpg.Connection,
+    job: Job,
+    outcome: dict[str, int],
+    *,
+    timeout_s: float | None = None,
+) -> bool:
     """Mark the job done; False when the lease was lost to another worker meanwhile."""
     status: str = await conn.execute(
         "UPDATE ingest_outbox SET state = 'done', result = $5, finished_at = now(),"
@@ -147,12 +159,20 @@ async def complete(conn: asyncpg.Connection, job: Job, outcome: dict[str, int]) 
         " AND state = 'processing'",
         *_job_key(job),
         orjson.dumps(outcome).decode(),
+        timeout=timeout_s,
     )
     return status.endswith(" 1")
 
 
-async def retry_later(conn: asyncpg.Connection, job: Job, error_kind: str, delay_s: float) -> None:
-    """Give the job back, due again after `delay_s`."""
+async def retry_later(
+    conn: asyncpg.Connection,
+    job: Job,
+    error_kind: str,
+    delay_s: float,
+    *,
+    timeout_s: float | None = None,
+) -> None:
+    """Give the job back, due again after `delay_s` (a transient failure, or shutdown)."""
     await conn.execute(
         "UPDATE ingest_outbox SET state = 'pending', last_error = $5, lease_until = NULL,"
         " available_at = now() + make_interval(secs => $6)"
@@ -161,11 +181,15 @@ async def retry_later(conn: asyncpg.Connection, job: Job, error_kind: str, delay
         *_job_key(job),
         error_kind,
         delay_s,
+        timeout=timeout_s,
     )
 
 
-async def mark_dead(conn: asyncpg.Connection, job: Job, error_kind: str) -> None:
-    """Give up on the job: it stays visible in status, and is never claimed again."""
+async def mark_dead(
+    conn: asyncpg.Connection, job: Job, error_kind: str, *, timeout_s: float | None = None
+) -> None:
+    """Give up on the job (a permanent failure, or its last attempt): it stays visible in
+    status, and is never claimed again."""
     await conn.execute(
         "UPDATE ingest_outbox SET state = 'dead', last_error = $5, lease_until = NULL,"
         " finished_at = now()"
@@ -173,6 +197,7 @@ async def mark_dead(conn: asyncpg.Connection, job: Job, error_kind: str) -> None
         " AND state = 'processing'",
         *_job_key(job),
         error_kind,
+        timeout=timeout_s,
     )
 
 
@@ -202,11 +227,12 @@ async def status(
     )
 
 
-async def depth(conn: asyncpg.Connection) -> tuple[int, float]:
+async def depth(conn: asyncpg.Connection, *, timeout_s: float | None = None) -> tuple[int, float]:
     """(jobs waiting, age in seconds of the oldest) across all tenants, for metrics."""
     row = await conn.fetchrow(
         "SELECT count(*) AS n, coalesce(extract(epoch FROM now() - min(created_at)), 0) AS age"
-        " FROM ingest_outbox WHERE state IN ('pending', 'processing')"
+        " FROM ingest_outbox WHERE state IN ('pending', 'processing')",
+        timeout=timeout_s,
     )
     assert row is not None
     return int(row["n"]), float(row["age"])
