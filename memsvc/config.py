@@ -241,6 +241,11 @@ class Settings:
     worker_lease_s: float = setting(120.0, "lease of a job a worker took")
     worker_job_timeout_s: float = setting(90.0, "bound on one job (shorter than the lease)")
     worker_max_attempts: int = setting(5, "attempts before a job is `dead`")
+    worker_acquire_timeout_ms: int = setting(
+        10_000,
+        "how long background work (workers, reconcile, expiry) waits for a pooled connection;"
+        " longer than a call's, so a busy pool does not use up a job's attempt",
+    )
     worker_backoff_base_s: float = setting(2.0, "base of the retry backoff (exponential, jittered)")
     worker_sweep_interval_s: float = setting(15.0, "how often workers look for due jobs")
     reconcile_interval_s: float = setting(
@@ -452,6 +457,8 @@ class Settings:
             raise ConfigError("MEMSVC_DEDUP_LOWER <= MEMSVC_DEDUP_UPPER, both within 0..1")
         if self.worker_job_timeout_s >= self.worker_lease_s:
             raise ConfigError("MEMSVC_WORKER_JOB_TIMEOUT_S must be shorter than the lease")
+        if self.worker_acquire_timeout_ms < 1:
+            raise ConfigError("MEMSVC_WORKER_ACQUIRE_TIMEOUT_MS must be at least 1")
         try:
             re.compile(self.user_id_pattern)
         except re.error as exc:

@@ -12,7 +12,10 @@ from prometheus_client import Counter, Gauge, Histogram
 INGEST_JOBS = Counter(
     "memsvc_ingest_jobs_total", "Ingest jobs finished by workers, by result", ["result"]
 )
-INGEST_DEAD = Counter("memsvc_ingest_dead_total", "Ingest jobs given up after the last attempt")
+INGEST_DEAD = Counter(
+    "memsvc_ingest_dead_total",
+    "Ingest jobs given up: after the last attempt, or at once on a permanent failure",
+)
 EXTRACTION_OUTCOMES = Counter(
     "memsvc_extraction_outcomes_total", "What extraction did with candidate facts", ["kind"]
 )

@@ -72,6 +72,7 @@ def pii_defaults(settings: Settings) -> dict[str, str]:
 
 def pipeline_settings(settings: Settings) -> PipelineSettings:
     return PipelineSettings(
+        acquire_timeout_s=settings.worker_acquire_timeout_ms / 1000,
         categories=settings.categories,
         roles=settings.roles,
         thresholds=Thresholds(
@@ -88,6 +89,7 @@ def pipeline_settings(settings: Settings) -> PipelineSettings:
 
 def worker_settings(settings: Settings) -> WorkerSettings:
     return WorkerSettings(
+        acquire_timeout_s=settings.worker_acquire_timeout_ms / 1000,
         concurrency=settings.worker_concurrency,
         lease_s=settings.worker_lease_s,
         job_timeout_s=settings.worker_job_timeout_s,
@@ -223,7 +225,11 @@ class Runtime:
             ),
         )
         if self._with_worker:
-            await mark_stale(self.pool, self.embedder.model_id)
+            await mark_stale(
+                self.pool,
+                self.embedder.model_id,
+                acquire_timeout_s=settings.worker_acquire_timeout_ms / 1000,
+            )
             worker = OutboxWorker(
                 self.pool,
                 self.pipeline,
@@ -233,6 +239,7 @@ class Runtime:
                     self.pool,
                     MeasuredEmbedder(self.pipeline_embedder, "reconcile"),
                     embed_timeout_s=settings.worker_embed_timeout_s,
+                    acquire_timeout_s=settings.worker_acquire_timeout_ms / 1000,
                 ),
             )
             await worker.start()
@@ -242,7 +249,11 @@ class Runtime:
         self.expiry = ExpiryTask(
             self.pool,
             self.invalidator,
-            ExpirySettings(interval_s=settings.expiry_interval_s, batch=settings.expiry_batch),
+            ExpirySettings(
+                interval_s=settings.expiry_interval_s,
+                batch=settings.expiry_batch,
+                acquire_timeout_s=settings.worker_acquire_timeout_ms / 1000,
+            ),
         )
         if self._with_worker:
             self.expiry.start()
