@@ -14,6 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import orjson
 import pytest
@@ -25,6 +26,7 @@ from memsvc.embedding.base import EmbeddingTimeout
 from memsvc.embedding.factory import build_embedder
 from memsvc.embedding.onnx_minilm import OnnxMiniLMEmbedder
 from memsvc.embedding.openai_http import OpenAIHTTPEmbedder
+from memsvc.http import HTTPError, HTTPTimeout
 
 API_KEY = "sk-test-0123456789-secret"
 
@@ -367,7 +369,8 @@ async def test_http_timeout(fake_openai: FakeOpenAI) -> None:
         with pytest.raises(EmbeddingTimeout) as info:
             await embedder.embed(["slow"], timeout_s=0.1)
         assert time.perf_counter() - started < 2.0
-        assert isinstance(info.value.__cause__, TimeoutError)
+        assert isinstance(info.value.__cause__, HTTPTimeout)
+        assert "did not answer within 0.1 s" in str(info.value)
         # The configured timeout also caps calls that pass none.
         short = OpenAIHTTPEmbedder(
             base_url=fake_openai.base_url, model="m", dimension=8, timeout_s=0.1
@@ -386,7 +389,9 @@ async def test_http_connection_refused() -> None:
     embedder = OpenAIHTTPEmbedder(base_url=f"http://127.0.0.1:{port}", model="m", dimension=8)
     with pytest.raises(EmbeddingError) as info:
         await embedder.embed(["a"])
-    assert isinstance(info.value.__cause__, OSError)
+    assert not isinstance(info.value, EmbeddingTimeout)
+    assert isinstance(info.value.__cause__, HTTPError)
+    assert isinstance(info.value.__cause__.__cause__, httpx.ConnectError)
     await embedder.aclose()
 
 
@@ -398,43 +403,68 @@ async def test_http_empty_input_sends_nothing(
     assert fake_openai.requests == []
 
 
-async def test_http_retries_a_stale_keepalive_connection() -> None:
-    """A server that drops an idle keep-alive connection must cost a retry, not an error."""
-    answered: list[int] = []
+async def read_request(reader: asyncio.StreamReader) -> dict[str, Any]:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    request: dict[str, Any] = orjson.loads(await reader.readexactly(length))
+    return request
+
+
+async def test_http_an_idle_connection_the_server_closed_is_not_reused() -> None:
+    """A server's keep-alive timeout firing between two calls costs a new connection, not an
+    error: httpx checks an idle connection before it reuses it."""
+    connections = 0
+    closed = asyncio.Event()
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        connection = len(answered)
-        answered.append(0)
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = next(
-                    int(line.split(b":", 1)[1])
-                    for line in head.split(b"\r\n")
-                    if line.lower().startswith(b"content-length:")
-                )
-                request = orjson.loads(await reader.readexactly(length))
-                if connection == 0 and answered[0] == 1:
-                    return  # close the reused connection without answering
-                answered[connection] += 1
-                _, payload = embeddings_reply(4)(request)
-                writer.write(
-                    b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(payload), payload)
-                )
-                await writer.drain()
-        except asyncio.IncompleteReadError:
-            return
-        finally:
-            writer.close()
+        nonlocal connections
+        connections += 1
+        # One answer, then the connection is closed as an idle timeout would close it.
+        _, payload = embeddings_reply(4)(await read_request(reader))
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(payload), payload))
+        await writer.drain()
+        writer.close()
+        await writer.wait_closed()
+        closed.set()
 
     server = await asyncio.start_server(serve, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     embedder = OpenAIHTTPEmbedder(base_url=f"http://127.0.0.1:{port}", model="m", dimension=4)
     try:
         first = await embedder.embed(["a"])
+        await asyncio.wait_for(closed.wait(), 5)
         second = await embedder.embed(["b"])
         np.testing.assert_allclose(first, second)
-        assert answered == [1, 1]
+        assert connections == 2
+    finally:
+        await embedder.aclose()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_http_a_request_the_server_drops_is_a_prompt_error() -> None:
+    """A connection closed with the request unanswered is an EmbeddingError at once, not a
+    retry: the server may have done the work, and the embedder's callers decide about that."""
+    requests: list[dict[str, Any]] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        requests.append(await read_request(reader))
+        writer.close()
+        await writer.wait_closed()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    embedder = OpenAIHTTPEmbedder(base_url=f"http://127.0.0.1:{port}", model="m", dimension=4)
+    try:
+        with pytest.raises(EmbeddingError, match="Server disconnected") as info:
+            await embedder.embed(["a"], timeout_s=5)
+        assert not isinstance(info.value, EmbeddingTimeout)
+        assert isinstance(info.value.__cause__, HTTPError)
+        assert len(requests) == 1
     finally:
         await embedder.aclose()
         server.close()

@@ -10,7 +10,7 @@ import numpy.typing as npt
 import orjson
 
 from memsvc.embedding.base import EmbeddingError, EmbeddingTimeout, as_text_list, l2_normalise
-from memsvc.http import HTTPClient, HTTPError, HTTPTimeout
+from memsvc.http import HTTPError, HTTPTimeout, JSONClient
 
 _PATH = "/embeddings"
 
@@ -22,10 +22,7 @@ class OpenAIHTTPEmbedder:
     ``http://host:port`` means ``/v1/embeddings``. ``api_key``, when given, is
     sent as ``Authorization: Bearer`` and never appears in ``repr`` or errors.
     ``timeout_s`` caps every call; a caller's smaller ``timeout_s`` wins.
-
-    Keep-alive connections (at most ``max_connections``, which also caps
-    concurrent requests) are reused; one that saw a failure, a timeout or a
-    cancellation is dropped, never reused (see :class:`memsvc.http.HTTPClient`).
+    Connections, limits and redaction are :class:`memsvc.http.JSONClient`'s.
     """
 
     def __init__(
@@ -41,28 +38,18 @@ class OpenAIHTTPEmbedder:
     ) -> None:
         if dimension < 1:
             raise ValueError(f"dimension must be >= 1, got {dimension}")
-        if timeout_s <= 0:
-            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-        if max_connections < 1:
-            raise ValueError(f"max_connections must be >= 1, got {max_connections}")
         if not model:
             raise ValueError("model must not be empty")
-        if api_key is not None and (not api_key or not api_key.isprintable()):
-            # Checked here so a stray newline cannot inject headers later; the
-            # message deliberately does not echo the key.
-            raise ValueError("api_key must be a non-empty string of printable characters")
-        self._http = HTTPClient(
+        self._http = JSONClient(
             base_url,
+            api_key=api_key,
             timeout_s=timeout_s,
             max_connections=max_connections,
             ssl_context=ssl_context,
-            bearer_token=api_key,
-            default_path="/v1",
         )
         self._url = self._http.url_for(_PATH)
         self._model = model
         self._dimension = dimension
-        self._closed = False
 
     @property
     def model_id(self) -> str:
@@ -85,30 +72,22 @@ class OpenAIHTTPEmbedder:
     ) -> npt.NDArray[np.float32]:
         """Embed ``texts`` in one request within ``min(timeout_s, the configured timeout)``."""
         items = as_text_list(texts)
-        if self._closed:
+        if self._http.closed:
             raise EmbeddingError("the HTTP embedder is closed")
         if not items:
             # The OpenAI API rejects an empty input list; there is nothing to ask anyway.
             return np.zeros((0, self._dimension), dtype=np.float32)
         body = orjson.dumps({"model": self._model, "input": items})
         try:
-            status, payload = await self._http.post_json(_PATH, body, timeout_s=timeout_s)
-        # Chained to the root cause (TimeoutError, OSError, ...) rather than to the
-        # client's wrapper, whose message is already carried over in full.
+            payload = await self._http.post_json(_PATH, body, timeout_s=timeout_s)
         except HTTPTimeout as exc:
-            raise EmbeddingTimeout(f"embedding endpoint {exc}") from exc.__cause__
-        except HTTPError as exc:
-            raise EmbeddingError(f"embedding endpoint {exc}") from (exc.__cause__ or exc)
-        if not 200 <= status < 300:
-            excerpt = self._http.excerpt(payload)
-            raise EmbeddingError(
-                f"embedding endpoint {self._url} answered HTTP {status}: {excerpt}"
-            )
+            raise EmbeddingTimeout(f"embedding endpoint {exc}") from exc
+        except HTTPError as exc:  # non-2xx answers included
+            raise EmbeddingError(f"embedding endpoint {exc}") from exc
         return self._parse(payload, len(items))
 
     async def aclose(self) -> None:
-        """Close idle connections; in-flight requests close theirs when they end."""
-        self._closed = True
+        """Close the HTTP connections; idempotent."""
         await self._http.aclose()
 
     def _parse(self, payload: bytes, count: int) -> npt.NDArray[np.float32]:

@@ -24,7 +24,7 @@ from memsvc.extraction.base import (
     ExtractionError,
     ExtractionInput,
 )
-from memsvc.http import HTTPClient, HTTPError
+from memsvc.http import HTTPError, JSONClient
 
 log = logging.getLogger(__name__)
 
@@ -227,8 +227,6 @@ class OpenAIChatExtractor:
     ) -> None:
         if not model:
             raise ValueError("model must not be empty")
-        if timeout_s <= 0:
-            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         if not 0.0 <= temperature <= 2.0:
             raise ValueError(f"temperature must be in [0, 2], got {temperature}")
         if max_retries_on_malformed < 0:
@@ -237,16 +235,12 @@ class OpenAIChatExtractor:
             )
         if max_topics < 0:
             raise ValueError(f"max_topics must be >= 0, got {max_topics}")
-        if api_key is not None and (not api_key or not api_key.isprintable()):
-            # The message deliberately does not echo the key.
-            raise ValueError("api_key must be a non-empty string of printable characters")
-        self._http = HTTPClient(
+        self._http = JSONClient(
             base_url,
+            api_key=api_key,
             timeout_s=timeout_s,
             max_connections=max_connections,
             ssl_context=ssl_context,
-            bearer_token=api_key,
-            default_path="/v1",
         )
         self._url = self._http.url_for(_PATH)
         self._model = model
@@ -410,13 +404,9 @@ class OpenAIChatExtractor:
 
     async def _post(self, body: bytes, timeout_s: float) -> bytes:
         try:
-            status, payload = await self._http.post_json(_PATH, body, timeout_s=timeout_s)
-        except HTTPError as exc:  # HTTPTimeout included
+            return await self._http.post_json(_PATH, body, timeout_s=timeout_s)
+        except HTTPError as exc:  # timeouts and non-2xx answers included
             raise ExtractionError(f"chat endpoint {exc}") from exc
-        if not 200 <= status < 300:
-            excerpt = self._http.excerpt(payload)
-            raise ExtractionError(f"chat endpoint {self._url} answered HTTP {status}: {excerpt}")
-        return payload
 
 
 # --- reply validation (pure) ---------------------------------------------------------

@@ -1,5 +1,5 @@
-"""A small asyncio HTTP/1.1 client for the JSON APIs memsvc calls (embeddings, chat models)."""
+"""The HTTP client of the JSON APIs memsvc calls (embeddings, chat models), over httpx."""
 
-from memsvc.http.client import HTTPClient, HTTPError, HTTPTimeout
+from memsvc.http.client import HTTPError, HTTPStatusError, HTTPTimeout, JSONClient
 
-__all__ = ["HTTPClient", "HTTPError", "HTTPTimeout"]
+__all__ = ["HTTPError", "HTTPStatusError", "HTTPTimeout", "JSONClient"]

@@ -1,25 +1,25 @@
-"""An asyncio HTTP/1.1 client for JSON POSTs: a keep-alive pool, chunked replies, TLS, redaction."""
+"""JSON POSTs to an OpenAI-compatible API over httpx, with call budgets, a reply cap, no secrets."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import ssl
-from collections.abc import Mapping
-from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+import httpx
 import orjson
 
+# The OpenAI SDKs' convention: a base URL without a path means the /v1 API.
+DEFAULT_PATH = "/v1"
 # A 2,048-input batch of 3,072-dim embeddings is ~130 MB of JSON; anything bigger is a fault.
-_MAX_BODY_BYTES = 256 * 1024 * 1024
-_MAX_HEADERS = 100
+MAX_BODY_BYTES = 256 * 1024 * 1024
+# Below the 5 s keep-alive timeout of uvicorn (vLLM and many OpenAI-compatible servers run on
+# it): the client drops an idle connection before the server does, so it never sends a request
+# into one the server is closing. httpx also drops an idle connection the server has closed.
+KEEPALIVE_EXPIRY_S = 4.0
 _EXCERPT_CHARS = 300
-_TOKEN_CHARS = frozenset(
-    "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-)
-# The client frames every request itself; letting a caller set these would corrupt the stream.
-_FRAMING_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection"})
 
 
 class HTTPError(Exception):
@@ -34,136 +34,145 @@ class HTTPTimeout(HTTPError):
         self.timeout_s = timeout_s
 
 
-class _ProtocolError(Exception):
-    """The server's reply is not well-formed HTTP/1.1."""
+class HTTPStatusError(HTTPError):
+    """The server answered with a status outside 2xx (the message holds a redacted excerpt)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
 
 
-class _StaleConnection(Exception):
-    """A reused keep-alive connection was closed by the server before it answered."""
+class _NoRequestLines(logging.Filter):
+    """Drops httpx's INFO record, the one line it logs per request (nothing else is INFO)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno != logging.INFO
 
 
-@dataclass(frozen=True)
-class _Endpoint:
-    origin: str  # "https://host:port", as written in the base URL
-    host: str
-    port: int
-    host_header: str
-    prefix: str  # the base URL's path without a trailing slash: "" or "/v1"
-    query: str
-    tls: bool
+_NO_REQUEST_LINES = _NoRequestLines()
 
 
-@dataclass
-class _Connection:
-    reader: asyncio.StreamReader
-    writer: asyncio.StreamWriter
-    reused: bool = False
+class JSONClient:
+    """POSTs JSON documents to paths under ``base_url``: one ``httpx.AsyncClient`` per endpoint.
 
-    def usable(self) -> bool:
-        return not (self.reader.at_eof() or self.writer.is_closing())
-
-    def close(self) -> None:
-        self.writer.close()
-
-
-class HTTPClient:
-    """POSTs JSON to paths under ``base_url`` and returns ``(status, body)``.
-
-    ``base_url`` is ``http://`` or ``https://`` with an optional path prefix and
-    query (the query is appended to every request); ``default_path`` is the
-    prefix used when the URL has none (OpenAI-compatible clients pass ``"/v1"``).
-    ``bearer_token``, when given, is sent as ``Authorization: Bearer`` and never
-    appears in ``repr``, in errors or in :meth:`excerpt`; ``headers`` are sent
-    with every request and are not treated as secret.
-
-    Keep-alive connections (at most ``max_connections``, which also caps
-    concurrent requests) are reused; one that saw a failure, a timeout or a
-    cancellation is dropped, never reused. A reused idle connection that the
-    server had already closed costs one retry on a fresh connection: nothing
-    was answered, and both users of this client (embeddings, chat completions)
-    make requests that are safe to repeat.
+    ``base_url`` is ``http://`` or ``https://`` with an optional path prefix (``/v1``
+    when it has none) and query (sent with every request, left out of ``repr``, errors
+    and logs: it may hold a key). ``api_key``, when given, is sent as a bearer token
+    and never appears in ``repr``, errors, reply excerpts or logs. ``timeout_s`` caps
+    every call; a caller's smaller ``timeout_s`` wins. At most ``max_connections``
+    requests run at once, each on its own keep-alive connection; httpx closes a
+    connection that saw an error, a timeout or a cancellation instead of reusing it.
     """
 
     def __init__(
         self,
         base_url: str,
         *,
+        api_key: str | None = None,
         timeout_s: float = 10.0,
         max_connections: int = 8,
         ssl_context: ssl.SSLContext | None = None,
-        headers: Mapping[str, str] | None = None,
-        bearer_token: str | None = None,
-        default_path: str = "",
+        max_body_bytes: int = MAX_BODY_BYTES,
     ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         if max_connections < 1:
             raise ValueError(f"max_connections must be >= 1, got {max_connections}")
-        if default_path and not default_path.startswith("/"):
-            raise ValueError(f"default_path must start with '/', got {default_path!r}")
-        self._endpoint = _parse_base_url(base_url, default_path.rstrip("/"))
+        if max_body_bytes < 1:
+            raise ValueError(f"max_body_bytes must be >= 1, got {max_body_bytes}")
+        if api_key is not None and (not api_key or not api_key.isprintable()):
+            # Checked here so a stray newline cannot inject a header; the message
+            # deliberately does not echo the key.
+            raise ValueError("api_key must be a non-empty string of printable characters")
+        self._base_url, self._query, tls = _split_base_url(base_url)
+        self._api_key = api_key
         self._timeout_s = timeout_s
-        self._bearer_token = bearer_token
-        self._head_lines = _static_head_lines(self._endpoint, headers, bearer_token)
-        self._ssl: ssl.SSLContext | None = None
-        if self._endpoint.tls:
-            self._ssl = ssl_context if ssl_context is not None else ssl.create_default_context()
-        self._slots = asyncio.Semaphore(max_connections)
-        self._idle: list[_Connection] = []
-        self._closed = False
+        self._max_body_bytes = max_body_bytes
+        headers = {
+            "User-Agent": "memsvc",
+            "Accept": "application/json",
+            "Content-Type": "application/json",
+        }
+        if api_key is not None:
+            headers["Authorization"] = f"Bearer {api_key}"
+        if ssl_context is None:
+            # An http:// endpoint never does TLS (redirects are not followed), and loading
+            # the system's CAs costs ~50 ms: it gets an unused context that trusts nothing.
+            ssl_context = (
+                ssl.create_default_context() if tls else ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+            )
+        self._client = httpx.AsyncClient(
+            headers=headers,
+            timeout=httpx.Timeout(timeout_s),
+            limits=httpx.Limits(
+                max_connections=max_connections,
+                max_keepalive_connections=max_connections,
+                keepalive_expiry=KEEPALIVE_EXPIRY_S,
+            ),
+            # The system's CAs (as the ssl module loads them), not certifi's bundle.
+            verify=ssl_context,
+            # No proxy, .netrc or CA settings picked up from the environment: what the
+            # client does is what the settings say.
+            trust_env=False,
+        )
+        # The per-request INFO line would be one log line per embedding on the read path, and
+        # it prints the full URL, query included.
+        logging.getLogger("httpx").addFilter(_NO_REQUEST_LINES)
 
     @property
     def base_url(self) -> str:
         """The normalised base URL (origin and path prefix, without the query)."""
-        return self._endpoint.origin + self._endpoint.prefix
+        return self._base_url
 
     @property
-    def timeout_s(self) -> float:
-        """The configured cap on every request; a caller's smaller ``timeout_s`` wins."""
-        return self._timeout_s
+    def closed(self) -> bool:
+        """Whether :meth:`aclose` was called."""
+        return self._client.is_closed
 
     def url_for(self, path: str) -> str:
         """The URL a request to ``path`` goes to, for messages (the query is left out)."""
-        return self.base_url + _checked_path(path)
+        return self._base_url + _checked_path(path)
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(base_url={self.base_url!r})"
+        return f"{type(self).__name__}(base_url={self._base_url!r})"
 
     async def post_json(
         self, path: str, payload: bytes, *, timeout_s: float | None = None
-    ) -> tuple[int, bytes]:
-        """POST the JSON document ``payload`` to ``path`` under the base URL.
+    ) -> bytes:
+        """POST the JSON document ``payload`` to ``path``; the body of a 2xx answer.
 
-        Returns ``(status, body)`` for any final status: what a 4xx or 5xx means
-        is the caller's decision. The whole call, including the wait for a free
-        connection, is bounded by ``min(timeout_s, the configured timeout)``.
-        Raises :class:`HTTPTimeout` when that runs out and :class:`HTTPError` for
-        any other failure (chained to the underlying exception).
+        The whole call, including the wait for a free connection, is bounded by
+        ``min(timeout_s, the configured timeout)``. Raises :class:`HTTPTimeout`
+        when that runs out, :class:`HTTPStatusError` for any other final status and
+        :class:`HTTPError` for any other failure, chained to httpx's exception.
         """
         url = self.url_for(path)
-        target = self._endpoint.prefix + path
-        if self._endpoint.query:
-            target += f"?{self._endpoint.query}"
-        if self._closed:
+        if self.closed:
             raise HTTPError(f"{url} failed: the HTTP client is closed")
         budget_s = self._timeout_s if timeout_s is None else min(timeout_s, self._timeout_s)
+        if budget_s <= 0:
+            raise HTTPTimeout(f"{url} did not answer within {budget_s} s", budget_s)
         try:
+            # httpx's timeout bounds each step (pool wait, connect, every read and write);
+            # asyncio.timeout bounds the whole exchange, a server trickling its reply included.
             async with asyncio.timeout(budget_s):
-                return await self._post(target, payload)
-        # TimeoutError is an OSError subclass, so it must be caught first.
-        except TimeoutError as exc:
+                status, body = await self._exchange(url, payload, budget_s)
+        except (TimeoutError, httpx.TimeoutException) as exc:
             raise HTTPTimeout(f"{url} did not answer within {budget_s} s", budget_s) from exc
-        except (OSError, EOFError, _ProtocolError) as exc:
-            detail = self.redact(f"{type(exc).__name__}: {exc}")
+        except httpx.HTTPError as exc:
+            detail = self._redact(f"{type(exc).__name__}: {exc}")
             raise HTTPError(f"{url} failed: {detail}") from exc
+        if not 200 <= status < 300:
+            raise HTTPStatusError(f"{url} answered HTTP {status}: {self._excerpt(body)}", status)
+        return body
 
-    def redact(self, text: str) -> str:
-        """``text`` with the bearer token replaced by ``***``."""
-        if self._bearer_token:
-            text = text.replace(self._bearer_token, "***")
+    def _redact(self, text: str) -> str:
+        """``text`` with the API key replaced by ``***``."""
+        if self._api_key:
+            text = text.replace(self._api_key, "***")
         return text
 
-    def excerpt(self, body: bytes) -> str:
+    def _excerpt(self, body: bytes) -> str:
         """A short, single-line, redacted excerpt of a reply body for an error message.
 
         A JSON ``{"error": {"message": ...}}`` or ``{"error": "..."}`` yields just
@@ -177,207 +186,51 @@ class HTTPClient:
                 text = str(error.get("message", text))
             elif isinstance(error, str):
                 text = error
-        text = " ".join(self.redact(text).split())
+        text = " ".join(self._redact(text).split())
         if len(text) > _EXCERPT_CHARS:
             text = text[:_EXCERPT_CHARS] + "..."
         return text or "(empty body)"
 
     async def aclose(self) -> None:
-        """Close idle connections; in-flight requests close theirs when they end. Idempotent."""
-        self._closed = True
-        idle, self._idle = self._idle, []
-        for conn in idle:
-            conn.close()
+        """Close every connection, in-flight requests' included. Idempotent."""
+        await self._client.aclose()
 
-    async def _post(self, target: str, body: bytes) -> tuple[int, bytes]:
-        async with self._slots:
-            while self._idle:
-                conn = self._idle.pop()
-                if not conn.usable():
-                    conn.close()
-                    continue
-                try:
-                    return await self._exchange(conn, target, body)
-                except _StaleConnection:
-                    # The server timed out an idle keep-alive connection just as we
-                    # reused it; nothing was answered, so retry on a fresh connection.
-                    break
-            conn = await self._connect()
-            try:
-                return await self._exchange(conn, target, body)
-            except _StaleConnection as exc:
-                raise _ProtocolError("server closed the connection without answering") from exc
-
-    async def _connect(self) -> _Connection:
-        endpoint = self._endpoint
-        reader, writer = await asyncio.open_connection(
-            endpoint.host,
-            endpoint.port,
-            ssl=self._ssl,
-            server_hostname=endpoint.host if endpoint.tls else None,
-        )
-        return _Connection(reader, writer)
-
-    async def _exchange(self, conn: _Connection, target: str, body: bytes) -> tuple[int, bytes]:
-        reusable = False
-        try:
-            head = [f"POST {target} HTTP/1.1", *self._head_lines, f"Content-Length: {len(body)}"]
-            conn.writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body)
-            try:
-                await conn.writer.drain()
-                status, payload, reusable = await _read_response(conn.reader)
-            except (ConnectionError, _StaleConnection) as exc:
-                if conn.reused:
-                    raise _StaleConnection from exc
-                raise
-            return status, payload
-        finally:
-            # Any exit other than a complete, keep-alive reply (errors, timeouts,
-            # cancellation) leaves the stream in an unknown state: drop it.
-            if reusable and not self._closed:
-                conn.reused = True
-                self._idle.append(conn)
-            else:
-                conn.close()
+    async def _exchange(self, url: str, payload: bytes, timeout_s: float) -> tuple[int, bytes]:
+        target = f"{url}?{self._query}" if self._query else url
+        async with self._client.stream(
+            "POST", target, content=payload, timeout=timeout_s
+        ) as response:
+            # Leaving the block early leaves the reply unread, so httpx closes the connection.
+            too_large = HTTPError(f"{url} failed: the reply is over {self._max_body_bytes} bytes")
+            declared = response.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > self._max_body_bytes:
+                raise too_large
+            body = bytearray()
+            async for chunk in response.aiter_bytes():  # decompressed: the cap is on what is kept
+                body += chunk
+                if len(body) > self._max_body_bytes:
+                    raise too_large
+            return response.status_code, bytes(body)
 
 
-def _parse_base_url(base_url: str, default_path: str) -> _Endpoint:
+def _split_base_url(base_url: str) -> tuple[str, str, bool]:
+    """(origin and path prefix, query, whether it is https) of a checked base URL."""
+    # The messages never echo base_url: its user info or query may hold a credential.
     parts = urlsplit(base_url)
     if parts.scheme not in ("http", "https"):
-        raise ValueError(f"base_url must be http:// or https://, got {base_url!r}")
+        raise ValueError(f"base_url must be http:// or https://, not {parts.scheme!r}")
     if parts.username is not None or parts.password is not None:
-        # Deliberately not echoing base_url: it holds a credential.
         raise ValueError("base_url must not carry credentials")
     if not parts.hostname:
-        raise ValueError(f"base_url has no host: {base_url!r}")
+        raise ValueError("base_url has no host")
     if parts.fragment:
-        raise ValueError(f"base_url must not have a fragment: {base_url!r}")
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    prefix = parts.path.rstrip("/") or default_path
-    _checked_path(prefix or "/")
-    return _Endpoint(
-        origin=f"{parts.scheme}://{parts.netloc}",
-        host=parts.hostname,
-        port=port,
-        host_header=parts.netloc,
-        prefix=prefix,
-        query=parts.query,
-        tls=parts.scheme == "https",
-    )
+        raise ValueError("base_url must not have a fragment")
+    prefix = parts.path.rstrip("/") or DEFAULT_PATH
+    _checked_path(prefix)
+    return f"{parts.scheme}://{parts.netloc}{prefix}", parts.query, parts.scheme == "https"
 
 
 def _checked_path(path: str) -> str:
     if not path.startswith("/") or not path.isprintable() or " " in path:
         raise ValueError(f"a request path must start with '/' and hold no spaces: {path!r}")
     return path
-
-
-def _static_head_lines(
-    endpoint: _Endpoint, headers: Mapping[str, str] | None, bearer_token: str | None
-) -> tuple[str, ...]:
-    """The header lines every request carries, validated once so none can inject another."""
-    fields = {
-        "host": ("Host", endpoint.host_header),
-        "user-agent": ("User-Agent", "memsvc"),
-        "accept": ("Accept", "application/json"),
-        "content-type": ("Content-Type", "application/json"),
-    }
-    for name, value in (headers or {}).items():
-        key = name.lower()
-        if not name or not set(name) <= _TOKEN_CHARS:
-            raise ValueError(f"bad header name {name!r}")
-        if key in _FRAMING_HEADERS or (key == "authorization" and bearer_token is not None):
-            raise ValueError(f"header {name!r} is set by the client itself")
-        if not _is_header_value(value):
-            raise ValueError(f"header {name!r} must be printable latin-1 text")
-        fields[key] = (name, value)
-    if bearer_token is not None:
-        if not bearer_token or not _is_header_value(bearer_token):
-            # The message deliberately does not echo the token.
-            raise ValueError("bearer_token must be a non-empty string of printable characters")
-        fields["authorization"] = ("Authorization", f"Bearer {bearer_token}")
-    return tuple(f"{name}: {value}" for name, value in fields.values())
-
-
-def _is_header_value(value: str) -> bool:
-    try:
-        value.encode("latin-1")
-    except UnicodeEncodeError:
-        return False
-    return value.isprintable()
-
-
-async def _readline(reader: asyncio.StreamReader) -> bytes:
-    try:
-        return await reader.readline()
-    except ValueError as exc:  # the stream's line-length limit (64 KiB) was exceeded
-        raise _ProtocolError("header line too long") from exc
-
-
-async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool]:
-    """Read one reply: (status, body, whether the connection may be reused)."""
-    while True:
-        status_line = await _readline(reader)
-        if not status_line:
-            raise _StaleConnection
-        fields = status_line.split(None, 2)
-        if len(fields) < 2 or not fields[0].startswith(b"HTTP/1.") or not fields[1].isdigit():
-            raise _ProtocolError(f"bad status line {status_line[:80]!r}")
-        status = int(fields[1])
-        headers = await _read_headers(reader)
-        if not 100 <= status < 200:  # skip interim replies such as 100 Continue
-            break
-    keep_alive = fields[0] == b"HTTP/1.1" and "close" not in headers.get("connection", "").lower()
-    if status in (204, 304):
-        return status, b"", keep_alive
-    if "chunked" in headers.get("transfer-encoding", "").lower():
-        return status, await _read_chunked(reader), keep_alive
-    if "content-length" in headers:
-        length_text = headers["content-length"].strip()
-        if not length_text.isdigit() or int(length_text) > _MAX_BODY_BYTES:
-            raise _ProtocolError(f"bad or oversized Content-Length {length_text[:40]!r}")
-        return status, await reader.readexactly(int(length_text)), keep_alive
-    # No framing: the body runs to the end of the connection, which then cannot be reused.
-    body = await reader.read(_MAX_BODY_BYTES + 1)
-    while chunk := await reader.read(_MAX_BODY_BYTES + 1 - len(body)):
-        body += chunk
-    if len(body) > _MAX_BODY_BYTES:
-        raise _ProtocolError("response body too large")
-    return status, body, False
-
-
-async def _read_headers(reader: asyncio.StreamReader) -> dict[str, str]:
-    headers: dict[str, str] = {}
-    for _ in range(_MAX_HEADERS + 1):
-        line = await _readline(reader)
-        if line in (b"\r\n", b"\n"):
-            return headers
-        if not line.endswith(b"\n"):
-            raise _ProtocolError("connection closed inside the headers")
-        name, sep, value = line.decode("latin-1").partition(":")
-        if not sep:
-            raise _ProtocolError(f"bad header line {line[:80]!r}")
-        key = name.strip().lower()
-        headers[key] = f"{headers[key]}, {value.strip()}" if key in headers else value.strip()
-    raise _ProtocolError(f"more than {_MAX_HEADERS} header lines")
-
-
-async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
-    body = bytearray()
-    while True:
-        size_text = (await _readline(reader)).split(b";", 1)[0].strip()
-        try:
-            size = int(size_text, 16)
-        except ValueError as exc:
-            raise _ProtocolError(f"bad chunk size {size_text[:40]!r}") from exc
-        if size == 0:
-            break
-        if size < 0 or len(body) + size > _MAX_BODY_BYTES:
-            raise _ProtocolError("response body too large")
-        body += await reader.readexactly(size)
-        if await reader.readexactly(2) != b"\r\n":
-            raise _ProtocolError("chunk not followed by CRLF")
-    while (line := await _readline(reader)) not in (b"\r\n", b"\n"):  # trailers
-        if not line:
-            raise _ProtocolError("connection closed inside the trailers")
-    return bytes(body)
