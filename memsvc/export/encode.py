@@ -13,6 +13,8 @@ from typing import Any
 
 import orjson
 
+from memsvc.storage.model import Row
+
 # Exports can be read with str.splitlines(), which also breaks on these; orjson leaves them
 # raw (valid JSON), so they are escaped. Control characters are already escaped by orjson.
 _LINE_BREAKS = {
@@ -33,7 +35,7 @@ def dumps(obj: Mapping[str, Any]) -> str:
     return raw.decode("utf-8")
 
 
-def _scope(row: Mapping[str, Any]) -> dict[str, str]:
+def _scope(row: Row) -> dict[str, str]:
     return {"user_id": row["user_id"], "persona_id": row["persona_id"], "agent_id": row["agent_id"]}
 
 
@@ -49,7 +51,7 @@ def _opt_id(value: Any) -> str | None:
     return str(value) if value is not None else None
 
 
-def memory(row: Mapping[str, Any]) -> dict[str, Any]:
+def memory(row: Row) -> dict[str, Any]:
     """One version of a memory: the fact, its provenance, validity, retention and sharing."""
     triple = None
     if row["subject"] or row["predicate"] or row["object"]:
@@ -97,7 +99,7 @@ def memory(row: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def episode(row: Mapping[str, Any]) -> dict[str, Any]:
+def episode(row: Row) -> dict[str, Any]:
     """A summarised conversation, with the facts it produced and its topics."""
     return {
         "type": "episode",
@@ -117,7 +119,7 @@ def episode(row: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def topic(row: Mapping[str, Any]) -> dict[str, Any]:
+def topic(row: Row) -> dict[str, Any]:
     """A topic (the persona topic holds the persona's own description), with its episodes."""
     return {
         "type": "topic",
@@ -132,7 +134,7 @@ def topic(row: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def message(row: Mapping[str, Any]) -> dict[str, Any]:
+def message(row: Row) -> dict[str, Any]:
     """One stored message of the conversation history (scope: the session owner's)."""
     return {
         "type": "message",

@@ -15,6 +15,7 @@ from types import MappingProxyType
 import asyncpg
 
 from memsvc.storage import tenant_settings
+from memsvc.storage.connection import Connection
 
 # Kinds of personal data the screen detects (memsvc.governance.pii).
 PII_KINDS = (
@@ -121,7 +122,7 @@ class TenantPolicies:
         else:
             self._cache.pop(tenant_id, None)
 
-    async def get(self, tenant_id: str, conn: asyncpg.Connection | None = None) -> TenantPolicy:
+    async def get(self, tenant_id: str, conn: Connection | None = None) -> TenantPolicy:
         """The tenant's policy; read through ``conn`` (or the pool) when not cached."""
         cached = self._cache.get(tenant_id)
         now = time.monotonic()

@@ -50,6 +50,7 @@ from memsvc.memories.normalize import content_hash, normalize_content
 from memsvc.observability import metrics
 from memsvc.storage import extraction as store
 from memsvc.storage import memories, messages, retention, versions
+from memsvc.storage.connection import Connection
 from memsvc.storage.model import NewMemory, Scope
 from memsvc.storage.outbox import Job
 
@@ -505,7 +506,7 @@ class ExtractionPipeline:
 
     async def _apply(
         self,
-        conn: asyncpg.Connection,
+        conn: Connection,
         job: Job,
         scope: Scope,
         candidate: CandidateFact,

@@ -31,6 +31,7 @@ from memsvc.ingest.failures import Failure, Verdict, classify
 from memsvc.ingest.pipeline import ExtractionPipeline, Outcome
 from memsvc.observability import metrics
 from memsvc.storage import outbox
+from memsvc.storage.connection import Connection
 from memsvc.storage.outbox import Job
 
 log = logging.getLogger(__name__)
@@ -224,7 +225,7 @@ class OutboxWorker:
         """LISTEN for new jobs on a dedicated connection; reconnect with backoff when it drops."""
         failures = 0
         while not self._stopping.is_set():
-            conn: asyncpg.Connection | None = None
+            conn: Connection | None = None
             try:
                 conn = await asyncpg.connect(
                     self._dsn,

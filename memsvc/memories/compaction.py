@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol, runtime_checkable
 
-import asyncpg
 import numpy as np
 
 from memsvc.embedding import Embedder, EmbeddingError
@@ -45,6 +44,7 @@ from memsvc.governance import trust
 from memsvc.memories.normalize import content_hash, normalize_content
 from memsvc.observability import metrics
 from memsvc.storage import core as store
+from memsvc.storage.connection import Connection
 from memsvc.storage.extraction import lock_user
 from memsvc.storage.memories import insert_or_reinforce
 from memsvc.storage.model import MemoryRecord, NewMemory, Scope, Sharing
@@ -175,13 +175,13 @@ class CoreCompactor:
                 f"{self.limits.core_role!r}"
             )
 
-    async def lock(self, conn: asyncpg.Connection, scope: Scope) -> None:
+    async def lock(self, conn: Connection, scope: Scope) -> None:
         """Serialise core writes of one user (the lock extraction holds as well)."""
         await lock_user(conn, scope.tenant_id, scope.user_id)
 
     async def enforce(
         self,
-        conn: asyncpg.Connection,
+        conn: Connection,
         scope: Scope,
         *,
         protect: Collection[uuid.UUID] = (),
@@ -212,7 +212,7 @@ class CoreCompactor:
 
     async def _summarize(
         self,
-        conn: asyncpg.Connection,
+        conn: Connection,
         scope: Scope,
         records: Sequence[MemoryRecord],
         limit: int,

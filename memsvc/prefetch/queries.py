@@ -16,6 +16,7 @@ import numpy.typing as npt
 
 from memsvc.prefetch.model import EdgeRow, EpisodeRecord, TopicRow
 from memsvc.storage.conditions import CURRENT, EXACT_SCOPE, NOT_EXPIRED, VISIBLE, not_expired
+from memsvc.storage.connection import Connection
 from memsvc.storage.memories import HOT_COLUMNS as COLUMNS
 from memsvc.storage.memories import record_from_row
 from memsvc.storage.model import MemoryRecord, Scope
@@ -44,7 +45,7 @@ def episode_from_row(row: asyncpg.Record) -> EpisodeRecord:
 
 
 async def core_facts(
-    conn: asyncpg.Connection, scope: Scope, *, core_role: str, limit: int, timeout_s: float
+    conn: Connection, scope: Scope, *, core_role: str, limit: int, timeout_s: float
 ) -> list[MemoryRecord]:
     """Pinned facts and facts of the core role, current only."""
     rows = await conn.fetch(
@@ -60,7 +61,7 @@ async def core_facts(
 
 
 async def persona_facts(
-    conn: asyncpg.Connection, scope: Scope, *, limit: int, timeout_s: float
+    conn: Connection, scope: Scope, *, limit: int, timeout_s: float
 ) -> list[tuple[MemoryRecord, float]]:
     """Facts filed under the scope's reserved persona topic (topics.is_persona), through its
     episodes, with their best edge weight."""
@@ -90,7 +91,7 @@ async def persona_facts(
 
 
 async def topics(
-    conn: asyncpg.Connection,
+    conn: Connection,
     scope: Scope,
     *,
     hint: str,
@@ -141,7 +142,7 @@ async def topics(
 
 
 async def episodes(
-    conn: asyncpg.Connection,
+    conn: Connection,
     scope: Scope,
     *,
     topic_ids: Sequence[uuid.UUID],
@@ -178,7 +179,7 @@ async def episodes(
 
 
 async def walk_facts(
-    conn: asyncpg.Connection,
+    conn: Connection,
     scope: Scope,
     *,
     episode_ids: Sequence[uuid.UUID],
@@ -208,7 +209,7 @@ async def walk_facts(
 
 
 async def recent_facts(
-    conn: asyncpg.Connection, scope: Scope, *, core_role: str, limit: int, timeout_s: float
+    conn: Connection, scope: Scope, *, core_role: str, limit: int, timeout_s: float
 ) -> list[MemoryRecord]:
     """The most recently recorded or reinforced current facts, but pinned and core ones
     (they have their own section)."""

@@ -61,6 +61,7 @@ from memsvc.retrieval.references import ReferenceRecorder
 from memsvc.retrieval.scope_filter import keep_visible, memory_visible
 from memsvc.retrieval.sources import statement_timeout
 from memsvc.storage import versions
+from memsvc.storage.connection import Connection
 from memsvc.storage.model import MemoryRecord
 from memsvc.storage.pool import acquire
 from memsvc.v1 import memory_pb2 as pb
@@ -433,7 +434,7 @@ class PrefetchService:
 
     async def _direct_facts(
         self,
-        conn: asyncpg.Connection,
+        conn: Connection,
         query: PrefetchQuery,
         vector: Vector | None,
         budget: Budget,

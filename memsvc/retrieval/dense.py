@@ -19,13 +19,13 @@ import functools
 from collections.abc import Sequence
 from datetime import datetime
 
-import asyncpg
 import numpy as np
 import numpy.typing as npt
 
 from memsvc.concurrency.deadline import Budget
 from memsvc.retrieval.query import Hit, ItemKind
 from memsvc.retrieval.sources import SOURCES, TIE_BREAK_SQL, statement_timeout, to_hit
+from memsvc.storage.connection import Connection
 from memsvc.storage.model import Scope
 
 
@@ -69,7 +69,7 @@ def dense_sql(kinds: tuple[ItemKind, ...], *, with_as_of: bool) -> str:
 
 
 async def dense_hits(
-    conn: asyncpg.Connection,
+    conn: Connection,
     scope: Scope,
     vector: npt.NDArray[np.float32],
     kinds: Sequence[ItemKind],

@@ -19,11 +19,10 @@ import unicodedata
 from collections.abc import Sequence
 from datetime import datetime
 
-import asyncpg
-
 from memsvc.concurrency.deadline import Budget
 from memsvc.retrieval.query import Hit, ItemKind
 from memsvc.retrieval.sources import SOURCES, TIE_BREAK_SQL, statement_timeout, to_hit
+from memsvc.storage.connection import Connection
 from memsvc.storage.model import Scope
 
 MAX_PATTERNS = 32
@@ -123,7 +122,7 @@ def lexical_sql(kinds: tuple[ItemKind, ...], *, with_as_of: bool, with_cjk: bool
 
 
 async def lexical_hits(
-    conn: asyncpg.Connection,
+    conn: Connection,
     scope: Scope,
     text: str,
     kinds: Sequence[ItemKind],

@@ -28,6 +28,7 @@ import time
 import asyncpg
 import numpy as np
 import numpy.typing as npt
+from asyncpg.pool import PoolConnectionProxy
 from redis.asyncio import Redis
 
 from memsvc.concurrency.deadline import Budget
@@ -37,6 +38,7 @@ from memsvc.retrieval.dense import dense_hits
 from memsvc.retrieval.lexical import lexical_hits
 from memsvc.retrieval.query import DEFAULT_KINDS, Mode, RecallQuery
 from memsvc.retrieval.recall import RecallService
+from memsvc.storage.connection import Connection
 from memsvc.storage.model import Scope
 
 log = logging.getLogger(__name__)
@@ -74,7 +76,7 @@ async def warm_read_path(
     if recall is not None:
         # Every open connection at once, each runs both statements; one that a background
         # worker holds is left out rather than waited for.
-        held: list[asyncpg.Connection] = []
+        held: list[PoolConnectionProxy] = []
         for _ in range(pool.get_size()):
             try:
                 held.append(await pool.acquire(timeout=ACQUIRE_TIMEOUT_S))
@@ -110,7 +112,7 @@ async def warm_read_path(
     return time.perf_counter() - started
 
 
-async def _prepare_legs(conn: asyncpg.Connection, vector: npt.NDArray[np.float32]) -> None:
+async def _prepare_legs(conn: Connection, vector: npt.NDArray[np.float32]) -> None:
     """Both legs' statements for the default kinds, run once on ``conn`` (asyncpg keeps them
     prepared there); only the statement text matters, so the values are placeholders."""
     budget = Budget(WARMUP_BUDGET_S)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 
-import asyncpg
+from memsvc.storage.connection import Connection
 
 KEY_PREFIX = "msk_"
 
@@ -15,7 +15,7 @@ def hash_key(key: str) -> bytes:
     return hashlib.sha256(key.encode("utf-8")).digest()
 
 
-async def create_key(conn: asyncpg.Connection, tenant_id: str, label: str = "") -> str:
+async def create_key(conn: Connection, tenant_id: str, label: str = "") -> str:
     """Create a key for the tenant; the clear key is returned once and never stored."""
     key = KEY_PREFIX + secrets.token_urlsafe(32)
     await conn.execute(
@@ -27,7 +27,7 @@ async def create_key(conn: asyncpg.Connection, tenant_id: str, label: str = "") 
     return key
 
 
-async def tenant_for_key(conn: asyncpg.Connection, key: str) -> str | None:
+async def tenant_for_key(conn: Connection, key: str) -> str | None:
     """The tenant of an active key, or None."""
     tenant: str | None = await conn.fetchval(
         "SELECT tenant_id FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL",
@@ -36,7 +36,7 @@ async def tenant_for_key(conn: asyncpg.Connection, key: str) -> str | None:
     return tenant
 
 
-async def revoke_key(conn: asyncpg.Connection, key: str) -> bool:
+async def revoke_key(conn: Connection, key: str) -> bool:
     """Revoke a key; True when it existed and was active."""
     status: str = await conn.execute(
         "UPDATE api_keys SET revoked_at = now() WHERE key_hash = $1 AND revoked_at IS NULL",

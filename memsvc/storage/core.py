@@ -5,9 +5,8 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 
-import asyncpg
-
 from memsvc.storage.conditions import CURRENT, EXACT_SCOPE
+from memsvc.storage.connection import Connection
 from memsvc.storage.memories import COLUMNS, record_from_row
 from memsvc.storage.model import MemoryRecord, Scope
 
@@ -15,7 +14,7 @@ _EXACT = EXACT_SCOPE
 DEMOTED_ROLE = "context"
 
 
-async def block(conn: asyncpg.Connection, scope: Scope, core_role: str) -> list[MemoryRecord]:
+async def block(conn: Connection, scope: Scope, core_role: str) -> list[MemoryRecord]:
     """The scope's own core block: current facts that are pinned or of the core role (the
     definition of Prefetch's core section, for the rows this exact scope owns)."""
     rows = await conn.fetch(
@@ -28,7 +27,7 @@ async def block(conn: asyncpg.Connection, scope: Scope, core_role: str) -> list[
 
 
 async def demote(
-    conn: asyncpg.Connection,
+    conn: Connection,
     scope: Scope,
     memory_ids: Sequence[uuid.UUID],
     *,

@@ -12,10 +12,9 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping, Sequence
 
-import asyncpg
-
 from memsvc.storage import messages
 from memsvc.storage.conditions import EXACT_SCOPE
+from memsvc.storage.connection import Connection
 from memsvc.storage.extraction import lock_user
 from memsvc.storage.model import Scope
 
@@ -43,7 +42,7 @@ def _count(status: str) -> int:
     return int(status.split()[-1])
 
 
-async def erase_user(conn: asyncpg.Connection, tenant_id: str, user_id: str) -> int:
+async def erase_user(conn: Connection, tenant_id: str, user_id: str) -> int:
     """Everything about the user in this tenant, across personas and agents, including what
     they said in other people's sessions. Returns how many memory rows went."""
     await lock_user(conn, tenant_id, user_id)
@@ -63,7 +62,7 @@ async def erase_user(conn: asyncpg.Connection, tenant_id: str, user_id: str) -> 
     return deleted_memories
 
 
-async def erase_scope(conn: asyncpg.Connection, scope: Scope) -> int:
+async def erase_scope(conn: Connection, scope: Scope) -> int:
     """Everything stored in exactly this scope (memories, episodes, topics, messages, pending
     work); other personas and agents of the user are untouched. Returns memory rows deleted."""
     await lock_user(conn, scope.tenant_id, scope.user_id)
@@ -77,7 +76,7 @@ async def erase_scope(conn: asyncpg.Connection, scope: Scope) -> int:
 
 
 async def erase_memories(
-    conn: asyncpg.Connection,
+    conn: Connection,
     scope: Scope,
     lineage_ids: Sequence[uuid.UUID],
     topic_of_predicate: Mapping[str, str],
@@ -141,7 +140,7 @@ async def erase_memories(
 
 
 async def _rewrite_episodes(
-    conn: asyncpg.Connection,
+    conn: Connection,
     tenant: str,
     user: str,
     episode_ids: Sequence[uuid.UUID],

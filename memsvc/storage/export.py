@@ -17,6 +17,7 @@ from typing import Any
 import asyncpg
 
 from memsvc.storage.conditions import not_expired
+from memsvc.storage.connection import Connection
 from memsvc.storage.model import Scope
 from memsvc.storage.references import last_referenced_sql
 
@@ -151,14 +152,14 @@ KINDS: tuple[tuple[str, Callable[[Subject, datetime], Statement]], ...] = (
 )
 
 
-async def snapshot_time(conn: asyncpg.Connection) -> datetime:
+async def snapshot_time(conn: Connection) -> datetime:
     """The transaction's now(): the export's `exported_at` and the instant expiry is judged at."""
     value: datetime = await conn.fetchval("SELECT now()")
     return value
 
 
 async def batches(
-    conn: asyncpg.Connection,
+    conn: Connection,
     statement: Statement,
     *,
     batch_rows: int,

@@ -12,6 +12,7 @@ import numpy as np
 import orjson
 
 from memsvc.storage.conditions import CURRENT, EXACT_SCOPE
+from memsvc.storage.connection import Connection
 from memsvc.storage.model import CandidateEpisode, ExistingFact, Scope
 from memsvc.storage.projections import projection
 
@@ -19,16 +20,14 @@ _EXACT_SCOPE = EXACT_SCOPE
 # Dedup compares against live facts only: an expired one is neither reinforced nor superseded.
 
 
-async def lock_user(conn: asyncpg.Connection, tenant_id: str, user_id: str) -> None:
+async def lock_user(conn: Connection, tenant_id: str, user_id: str) -> None:
     """Serialise one user's extraction transactions (dedup must see the other's facts)."""
     await conn.execute(
         "SELECT pg_advisory_xact_lock(hashtextextended($1, 7))", f"{tenant_id}\x1f{user_id}"
     )
 
 
-async def claim_run(
-    conn: asyncpg.Connection, scope: Scope, ingest_id: uuid.UUID, session_id: str
-) -> bool:
+async def claim_run(conn: Connection, scope: Scope, ingest_id: uuid.UUID, session_id: str) -> bool:
     """Record that this job's extraction for this speaker is being committed; False if it was.
 
     Inside the speaker's transaction: a concurrent duplicate blocks on the key, then skips.
@@ -44,7 +43,7 @@ async def claim_run(
 
 
 async def finish_run(
-    conn: asyncpg.Connection, scope: Scope, ingest_id: uuid.UUID, outcome: dict[str, int]
+    conn: Connection, scope: Scope, ingest_id: uuid.UUID, outcome: dict[str, int]
 ) -> None:
     await conn.execute(
         f"UPDATE extraction_runs SET outcome = $6 WHERE {_EXACT_SCOPE} AND ingest_id = $5",
@@ -55,7 +54,7 @@ async def finish_run(
 
 
 async def run_outcome(
-    conn: asyncpg.Connection, scope: Scope, ingest_id: uuid.UUID
+    conn: Connection, scope: Scope, ingest_id: uuid.UUID
 ) -> dict[str, int] | None:
     """The stored outcome of a committed speaker run, or None when it has not run."""
     raw = await conn.fetchval(
@@ -84,9 +83,7 @@ def _existing(row: asyncpg.Record, similarity: float = 1.0) -> ExistingFact:
     )
 
 
-async def exact_active(
-    conn: asyncpg.Connection, scope: Scope, content_hash: bytes
-) -> ExistingFact | None:
+async def exact_active(conn: Connection, scope: Scope, content_hash: bytes) -> ExistingFact | None:
     row = await conn.fetchrow(
         f"SELECT {_FACT_COLUMNS} FROM memories WHERE {_EXACT_SCOPE}"
         f" AND content_hash = $5 AND {CURRENT}",
@@ -97,7 +94,7 @@ async def exact_active(
 
 
 async def active_with_predicates(
-    conn: asyncpg.Connection, scope: Scope, subject: str, predicates: Sequence[str]
+    conn: Connection, scope: Scope, subject: str, predicates: Sequence[str]
 ) -> list[ExistingFact]:
     rows = await conn.fetch(
         f"SELECT {_FACT_COLUMNS} FROM memories WHERE {_EXACT_SCOPE}"
@@ -111,7 +108,7 @@ async def active_with_predicates(
 
 
 async def nearest_active(
-    conn: asyncpg.Connection, scope: Scope, vector: np.ndarray, k: int
+    conn: Connection, scope: Scope, vector: np.ndarray, k: int
 ) -> list[ExistingFact]:
     """The k most similar active facts of exactly this scope, computed exactly.
 
@@ -135,7 +132,7 @@ async def nearest_active(
 
 
 async def reinforce(
-    conn: asyncpg.Connection, scope: Scope, memory_id: uuid.UUID, source_ids: Sequence[str]
+    conn: Connection, scope: Scope, memory_id: uuid.UUID, source_ids: Sequence[str]
 ) -> None:
     await conn.execute(
         f"UPDATE memories SET reinforced_count = reinforced_count + 1,"
@@ -149,7 +146,7 @@ async def reinforce(
     )
 
 
-async def take_quota(conn: asyncpg.Connection, tenant_id: str, user_id: str, limit: int) -> bool:
+async def take_quota(conn: Connection, tenant_id: str, user_id: str, limit: int) -> bool:
     """Count one new memory against today's quota; False (and nothing counted) when used up."""
     taken = await conn.fetchval(
         "INSERT INTO quota_counters (tenant_id, user_id, day, inserted)"
@@ -164,9 +161,7 @@ async def take_quota(conn: asyncpg.Connection, tenant_id: str, user_id: str, lim
     return bool(taken) and limit > 0
 
 
-async def episode_summary(
-    conn: asyncpg.Connection, scope: Scope, session_id: str
-) -> asyncpg.Record | None:
+async def episode_summary(conn: Connection, scope: Scope, session_id: str) -> asyncpg.Record | None:
     """The session's episode so far (a session ingested turn by turn grows one episode)."""
     row: asyncpg.Record | None = await conn.fetchrow(
         f"SELECT episode_id, title, summary, excerpt, source_message_ids, started_at,"
@@ -179,7 +174,7 @@ async def episode_summary(
 
 
 async def upsert_episode(
-    conn: asyncpg.Connection,
+    conn: Connection,
     scope: Scope,
     session_id: str,
     episode: CandidateEpisode,
@@ -219,7 +214,7 @@ async def upsert_episode(
 
 
 async def upsert_topic(
-    conn: asyncpg.Connection,
+    conn: Connection,
     scope: Scope,
     name: str,
     *,
@@ -248,7 +243,7 @@ async def upsert_topic(
 
 
 async def link(
-    conn: asyncpg.Connection,
+    conn: Connection,
     scope: Scope,
     *,
     episode_id: uuid.UUID,
@@ -278,7 +273,7 @@ async def link(
 
 
 async def sources_remain(
-    conn: asyncpg.Connection,
+    conn: Connection,
     owner: Scope,
     ingest_id: uuid.UUID,
     session_id: str,

@@ -12,6 +12,7 @@ import numpy as np
 
 from memsvc.storage import retention
 from memsvc.storage.conditions import NOT_EXPIRED, VISIBLE, not_expired
+from memsvc.storage.connection import Connection
 from memsvc.storage.model import ListQuery, MemoryRecord, NewMemory, Page, Scope, Sharing
 from memsvc.storage.projections import projection
 from memsvc.storage.references import last_referenced_sql
@@ -70,7 +71,7 @@ def record_from_row(row: asyncpg.Record) -> MemoryRecord:
 
 
 async def find_active_duplicate(
-    conn: asyncpg.Connection, scope: Scope, content_hash: bytes
+    conn: Connection, scope: Scope, content_hash: bytes
 ) -> uuid.UUID | None:
     """The active, unexpired memory with exactly this content in exactly this scope, if any."""
     value: uuid.UUID | None = await conn.fetchval(
@@ -84,7 +85,7 @@ async def find_active_duplicate(
 
 
 async def insert_or_reinforce(
-    conn: asyncpg.Connection,
+    conn: Connection,
     scope: Scope,
     memory: NewMemory,
     *,
@@ -180,7 +181,7 @@ async def insert_or_reinforce(
 
 
 async def get_visible(
-    conn: asyncpg.Connection, scope: Scope, memory_id: uuid.UUID, *, for_update: bool = False
+    conn: Connection, scope: Scope, memory_id: uuid.UUID, *, for_update: bool = False
 ) -> MemoryRecord | None:
     """One unexpired memory visible from the scope (any status), optionally row-locked."""
     lock = " FOR UPDATE" if for_update else ""
@@ -194,7 +195,7 @@ async def get_visible(
 
 
 async def mark_superseded(
-    conn: asyncpg.Connection,
+    conn: Connection,
     old: MemoryRecord,
     new_id: uuid.UUID,
     *,
@@ -216,9 +217,7 @@ async def mark_superseded(
     )
 
 
-async def lineage(
-    conn: asyncpg.Connection, scope: Scope, lineage_id: uuid.UUID
-) -> list[MemoryRecord]:
+async def lineage(conn: Connection, scope: Scope, lineage_id: uuid.UUID) -> list[MemoryRecord]:
     """Every unexpired version of one memory, oldest first."""
     rows = await conn.fetch(
         f"SELECT {_COLUMNS} FROM memories WHERE {VISIBLE} AND lineage_id = $5"
@@ -229,7 +228,7 @@ async def lineage(
     return [record_from_row(r) for r in rows]
 
 
-async def list_page(conn: asyncpg.Connection, scope: Scope, query: ListQuery) -> Page:
+async def list_page(conn: Connection, scope: Scope, query: ListQuery) -> Page:
     """One page of the scope's memories, newest first, with a keyset cursor."""
     clauses = [VISIBLE, NOT_EXPIRED]
     args: list[Any] = list(scope.key)
@@ -265,7 +264,7 @@ async def list_page(conn: asyncpg.Connection, scope: Scope, query: ListQuery) ->
 
 
 async def visible_lineages(
-    conn: asyncpg.Connection, scope: Scope, memory_ids: Sequence[uuid.UUID]
+    conn: Connection, scope: Scope, memory_ids: Sequence[uuid.UUID]
 ) -> dict[uuid.UUID, uuid.UUID]:
     """memory_id -> lineage_id for the ids visible from the scope (missing ids are absent)."""
     rows = await conn.fetch(

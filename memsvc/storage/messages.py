@@ -10,6 +10,7 @@ from datetime import datetime
 import asyncpg
 import numpy as np
 
+from memsvc.storage.connection import Connection
 from memsvc.storage.model import Scope
 
 
@@ -26,7 +27,7 @@ class StoredMessage:
 
 
 async def insert_messages(
-    conn: asyncpg.Connection,
+    conn: Connection,
     scope: Scope,
     ingest_id: uuid.UUID,
     messages: Sequence[StoredMessage],
@@ -69,7 +70,7 @@ async def insert_messages(
 
 
 async def messages_of_ingest(
-    conn: asyncpg.Connection, scope: Scope, ingest_id: uuid.UUID
+    conn: Connection, scope: Scope, ingest_id: uuid.UUID
 ) -> list[asyncpg.Record]:
     """The messages an ingest stored, in conversation order."""
     rows: list[asyncpg.Record] = await conn.fetch(
@@ -86,7 +87,7 @@ async def messages_of_ingest(
 
 
 async def set_message_embeddings(
-    conn: asyncpg.Connection,
+    conn: Connection,
     scope: Scope,
     keys: Sequence[tuple[str, str]],
     vectors: np.ndarray,
@@ -105,7 +106,7 @@ async def set_message_embeddings(
 
 
 async def index_session_context(
-    conn: asyncpg.Connection, scope: Scope, session_id: str, message_ids: Sequence[str]
+    conn: Connection, scope: Scope, session_id: str, message_ids: Sequence[str]
 ) -> int:
     """(Re)build the context tsvector of the given messages and of the two before each of
     them in the session (their forward neighbours changed). Returns rows updated."""
@@ -148,7 +149,7 @@ async def index_session_context(
     return int(result.split()[-1])
 
 
-async def reindex_sessions(conn: asyncpg.Connection, sessions: Sequence[tuple[Scope, str]]) -> None:
+async def reindex_sessions(conn: Connection, sessions: Sequence[tuple[Scope, str]]) -> None:
     """Rebuild the context index of whole sessions, after some of their messages were erased
     (their neighbours' context still held the erased words)."""
     for scope, session_id in dict.fromkeys(sessions):
@@ -169,7 +170,7 @@ async def reindex_sessions(conn: asyncpg.Connection, sessions: Sequence[tuple[Sc
 
 
 async def delete_returning_sessions(
-    conn: asyncpg.Connection, where_sql: str, *args: object
+    conn: Connection, where_sql: str, *args: object
 ) -> list[tuple[Scope, str]]:
     """DELETE messages matching `where_sql`; the (owner scope, session) of every row deleted."""
     rows = await conn.fetch(

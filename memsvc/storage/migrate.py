@@ -6,9 +6,8 @@ import logging
 from dataclasses import dataclass
 from importlib import resources
 
-import asyncpg
-
 from memsvc.errors import MemsvcError
+from memsvc.storage.connection import Connection
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +39,7 @@ def load_migrations(embedding_dim: int) -> list[Migration]:
     return sorted(found, key=lambda m: m.version)
 
 
-async def migrate(conn: asyncpg.Connection, *, embedding_dim: int) -> list[str]:
+async def migrate(conn: Connection, *, embedding_dim: int) -> list[str]:
     """Apply the missing migrations; return the names applied. Idempotent."""
     applied_now: list[str] = []
     await conn.execute("SELECT pg_advisory_lock($1)", _ADVISORY_LOCK_KEY)

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
+
+
+class Row(Protocol):
+    """A database row, read by column name (asyncpg's Record, or a mapping)."""
+
+    def __getitem__(self, key: str, /) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -24,7 +29,7 @@ class Scope:
         return (self.tenant_id, self.user_id, self.persona_id, self.agent_id)
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> Scope:
+    def from_row(cls, row: Row) -> Scope:
         """The scope a row was written in (its tenant_id, user_id, persona_id, agent_id)."""
         return cls(row["tenant_id"], row["user_id"], row["persona_id"], row["agent_id"])
 

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import asyncpg
 import orjson
 
+from memsvc.storage.connection import Connection
 from memsvc.storage.model import Scope
 
 
@@ -44,7 +44,7 @@ class JobStatus:
 
 
 async def enqueue(
-    conn: asyncpg.Connection,
+    conn: Connection,
     scope: Scope,
     *,
     ingest_id: uuid.UUID,
@@ -70,7 +70,7 @@ async def enqueue(
 
 
 async def ingest_id_for_key(
-    conn: asyncpg.Connection, tenant_id: str, idempotency_key: str
+    conn: Connection, tenant_id: str, idempotency_key: str
 ) -> uuid.UUID | None:
     value: uuid.UUID | None = await conn.fetchval(
         "SELECT ingest_id FROM ingest_outbox WHERE tenant_id = $1 AND idempotency_key = $2",
@@ -111,7 +111,7 @@ RETURNING t.tenant_id, t.user_id, t.persona_id, t.agent_id, t.ingest_id, t.sessi
 
 
 async def claim(
-    conn: asyncpg.Connection,
+    conn: Connection,
     *,
     worker_id: str,
     lease_s: float,
@@ -145,7 +145,7 @@ def _job_key(job: Job) -> tuple[str, str, uuid.UUID, str]:
 
 
 async def complete(
-    conn: asyncpg.Connection,
+    conn: Connection,
     job: Job,
     outcome: dict[str, int],
     *,
@@ -165,7 +165,7 @@ async def complete(
 
 
 async def retry_later(
-    conn: asyncpg.Connection,
+    conn: Connection,
     job: Job,
     error_kind: str,
     delay_s: float,
@@ -186,7 +186,7 @@ async def retry_later(
 
 
 async def mark_dead(
-    conn: asyncpg.Connection, job: Job, error_kind: str, *, timeout_s: float | None = None
+    conn: Connection, job: Job, error_kind: str, *, timeout_s: float | None = None
 ) -> None:
     """Give up on the job (a permanent failure, or its last attempt): it stays visible in
     status, and is never claimed again."""
@@ -201,9 +201,7 @@ async def mark_dead(
     )
 
 
-async def status(
-    conn: asyncpg.Connection, tenant_id: str, ingest_id: uuid.UUID
-) -> JobStatus | None:
+async def status(conn: Connection, tenant_id: str, ingest_id: uuid.UUID) -> JobStatus | None:
     """The job's state within the tenant (callers re-check the scope)."""
     r = await conn.fetchrow(
         "SELECT tenant_id, user_id, persona_id, agent_id, ingest_id, session_id, state, attempts,"
@@ -227,7 +225,7 @@ async def status(
     )
 
 
-async def depth(conn: asyncpg.Connection, *, timeout_s: float | None = None) -> tuple[int, float]:
+async def depth(conn: Connection, *, timeout_s: float | None = None) -> tuple[int, float]:
     """(jobs waiting, age in seconds of the oldest) across all tenants, for metrics."""
     row = await conn.fetchrow(
         "SELECT count(*) AS n, coalesce(extract(epoch FROM now() - min(created_at)), 0) AS age"

@@ -11,6 +11,7 @@ from pgvector.asyncpg import register_vector
 from memsvc.concurrency.deadline import Budget
 from memsvc.config import Settings
 from memsvc.errors import ResourceExhausted
+from memsvc.storage.connection import Connection
 from memsvc.storage.migrate import migrate
 
 # Session defaults sent at connect (every connection keeps them: see _keep_session).
@@ -23,7 +24,7 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
     await register_vector(conn)
 
 
-async def _keep_session(conn: asyncpg.Connection) -> None:
+async def _keep_session(conn: Connection) -> None:
     """Release without asyncpg's reset query (``pg_advisory_unlock_all(); CLOSE ALL;
     UNLISTEN *; RESET ALL``): one more round trip per release, on the path of every read
     before it can answer. memsvc changes no session state: settings are ``SET LOCAL``,
@@ -56,7 +57,7 @@ async def connect_and_migrate(settings: Settings) -> asyncpg.Pool:
 @asynccontextmanager
 async def acquire(
     pool: asyncpg.Pool, budget: Budget, *, timeout_s: float, busy_is_late: bool = False
-) -> AsyncIterator[asyncpg.Connection]:
+) -> AsyncIterator[Connection]:
     """A pooled connection within the budget.
 
     Waiting is bounded by the smaller of the budget and `timeout_s`. When no connection frees

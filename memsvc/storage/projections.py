@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import asyncpg
 
+from memsvc.storage.connection import Connection
+
 
 @dataclass(frozen=True)
 class Tier:
@@ -35,7 +37,7 @@ TIERS = (
 )
 
 
-async def mark_stale(conn: asyncpg.Connection, model_id: str) -> int:
+async def mark_stale(conn: Connection, model_id: str) -> int:
     """After a model change, every vector of another model is stale (one UPDATE per tier)."""
     total = 0
     for tier in TIERS:
@@ -48,7 +50,7 @@ async def mark_stale(conn: asyncpg.Connection, model_id: str) -> int:
     return total
 
 
-async def unembedded(conn: asyncpg.Connection, tier: Tier, limit: int) -> list[asyncpg.Record]:
+async def unembedded(conn: Connection, tier: Tier, limit: int) -> list[asyncpg.Record]:
     """Up to `limit` rows of the tier whose vector is missing or stale: keys and text."""
     rows: list[asyncpg.Record] = await conn.fetch(
         f"SELECT {', '.join(tier.key_names)}, {tier.text} AS text FROM {tier.table}"
@@ -59,7 +61,7 @@ async def unembedded(conn: asyncpg.Connection, tier: Tier, limit: int) -> list[a
 
 
 async def write_vectors(
-    conn: asyncpg.Connection,
+    conn: Connection,
     tier: Tier,
     model_id: str,
     rows: Sequence[asyncpg.Record],

@@ -7,11 +7,11 @@ import uuid
 from collections.abc import Sequence
 from datetime import datetime
 
-import asyncpg
+from memsvc.storage.connection import Connection
 
 
 async def mark_referenced(
-    conn: asyncpg.Connection,
+    conn: Connection,
     rows: Sequence[tuple[str, str, uuid.UUID, datetime]],
     *,
     timeout_s: float | None = None,

@@ -15,6 +15,7 @@ import asyncpg
 
 from memsvc.storage import messages
 from memsvc.storage.conditions import not_expired
+from memsvc.storage.connection import Connection
 from memsvc.storage.extraction import lock_user
 from memsvc.storage.model import Scope
 
@@ -27,7 +28,7 @@ def _scopes(rows: Iterable[asyncpg.Record]) -> list[Scope]:
     return [Scope.from_row(r) for r in rows]
 
 
-async def expire_memories(conn: asyncpg.Connection, limit: int) -> list[Scope]:
+async def expire_memories(conn: Connection, limit: int) -> list[Scope]:
     """Delete up to ``limit`` expired memory rows, oldest expiry first; an expired current
     version takes its whole supersession chain with it. Derived edges (episode -> fact) go by
     cascade. Returns the scope of every row deleted (one entry per row)."""
@@ -57,7 +58,7 @@ async def expire_memories(conn: asyncpg.Connection, limit: int) -> list[Scope]:
     return _scopes(rows)
 
 
-async def expire_messages(conn: asyncpg.Connection, limit: int) -> list[tuple[Scope, str]]:
+async def expire_messages(conn: Connection, limit: int) -> list[tuple[Scope, str]]:
     """Delete up to ``limit`` expired messages, oldest expiry first; returns the (owner scope,
     session) of every row deleted."""
     # By key, not ctid: a row another transaction updated after this statement's snapshot is
@@ -81,7 +82,7 @@ async def expire_messages(conn: asyncpg.Connection, limit: int) -> list[tuple[Sc
     return [(s, r["session_id"]) for s, r in zip(_scopes(rows), rows, strict=True)]
 
 
-async def expire_episodes(conn: asyncpg.Connection, limit: int) -> list[Scope]:
+async def expire_episodes(conn: Connection, limit: int) -> list[Scope]:
     """Delete up to ``limit`` expired episodes; their topic and fact edges go by cascade
     (the facts themselves stay). Returns the scope of every episode deleted."""
     rows = await conn.fetch(
@@ -100,7 +101,7 @@ async def expire_episodes(conn: asyncpg.Connection, limit: int) -> list[Scope]:
     return _scopes(rows)
 
 
-async def drop_orphan_topics(conn: asyncpg.Connection, tenant_id: str, user_id: str) -> int:
+async def drop_orphan_topics(conn: Connection, tenant_id: str, user_id: str) -> int:
     """Topics of the user left without any episode (as erasure does: a topic's name is
     derived from the conversations it grouped). Takes the user's extraction lock, so a job
     linking a fresh episode to one of them is never undone; call inside a transaction."""
@@ -115,7 +116,7 @@ async def drop_orphan_topics(conn: asyncpg.Connection, tenant_id: str, user_id: 
     return int(status.split()[-1])
 
 
-async def bump_versions(conn: asyncpg.Connection, users: Iterable[tuple[str, str]]) -> None:
+async def bump_versions(conn: Connection, users: Iterable[tuple[str, str]]) -> None:
     """A new content version for each (tenant, user), in one statement. Sorted, so two
     workers bumping overlapping users lock their rows in the same order (no deadlock)."""
     ordered = sorted(set(users))
@@ -132,7 +133,7 @@ async def bump_versions(conn: asyncpg.Connection, users: Iterable[tuple[str, str
 
 
 async def live_sessions(
-    conn: asyncpg.Connection, sessions: Sequence[tuple[Scope, str]]
+    conn: Connection, sessions: Sequence[tuple[Scope, str]]
 ) -> list[tuple[Scope, str]]:
     """The given sessions that still hold an unexpired message (one statement)."""
     if not sessions:
@@ -151,7 +152,7 @@ async def live_sessions(
     return [(Scope.from_row(r), r["session_id"]) for r in rows]
 
 
-async def reindex_session(conn: asyncpg.Connection, scope: Scope, session_id: str) -> None:
+async def reindex_session(conn: Connection, scope: Scope, session_id: str) -> None:
     """Rebuild the context index of a session some messages expired from (their neighbours'
     index still held the expired words); serialised per session."""
     async with conn.transaction():
@@ -162,7 +163,7 @@ async def reindex_session(conn: asyncpg.Connection, scope: Scope, session_id: st
         await messages.reindex_sessions(conn, [(scope, session_id)])
 
 
-async def end_session(conn: asyncpg.Connection, scopes: Sequence[Scope], session_id: str) -> int:
+async def end_session(conn: Connection, scopes: Sequence[Scope], session_id: str) -> int:
     """Delete the SESSION memories of a session that ended (every version), in each of the
     given exact scopes; call inside a transaction. Returns rows deleted."""
     deleted = 0
@@ -178,9 +179,7 @@ async def end_session(conn: asyncpg.Connection, scopes: Sequence[Scope], session
     return deleted
 
 
-async def drop_expired_duplicate(
-    conn: asyncpg.Connection, scope: Scope, content_hash: bytes
-) -> int:
+async def drop_expired_duplicate(conn: Connection, scope: Scope, content_hash: bytes) -> int:
     """Delete the expired (not yet purged) active memory with exactly this content in exactly
     this scope, with its chain, so a new write of the same content starts a fresh memory
     instead of reviving an expired one. Returns rows deleted."""
@@ -196,7 +195,7 @@ async def drop_expired_duplicate(
 
 
 async def align_lineage(
-    conn: asyncpg.Connection, tenant_id: str, user_id: str, lineage_id: uuid.UUID
+    conn: Connection, tenant_id: str, user_id: str, lineage_id: uuid.UUID
 ) -> None:
     """Give the older versions of a memory the retention of its current version (after an
     explicit write changed it), so the whole chain expires, or ends with its session, as one."""
@@ -217,7 +216,7 @@ async def align_lineage(
 
 
 async def stamp_episode(
-    conn: asyncpg.Connection, owner: Scope, episode_scope: Scope, session_id: str
+    conn: Connection, owner: Scope, episode_scope: Scope, session_id: str
 ) -> None:
     """An episode expires with the last of its source messages (the session owner's; all of
     the session's when it names none): NULL (never) as soon as one of them never expires, or

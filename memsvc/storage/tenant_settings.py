@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 import asyncpg
 import orjson
 
+from memsvc.storage.connection import Connection
+
 
 @dataclass(frozen=True)
 class TenantOverrides:
@@ -17,7 +19,7 @@ class TenantOverrides:
     message_ttl_s: int | None = None
 
 
-async def load(conn: asyncpg.Connection | asyncpg.Pool, tenant_id: str) -> TenantOverrides:
+async def load(conn: Connection | asyncpg.Pool, tenant_id: str) -> TenantOverrides:
     """The tenant's overrides; a tenant without a row has none."""
     row = await conn.fetchrow(
         "SELECT pii_policy::text AS pii, message_ttl_s FROM tenant_settings WHERE tenant_id = $1",
@@ -29,7 +31,7 @@ async def load(conn: asyncpg.Connection | asyncpg.Pool, tenant_id: str) -> Tenan
 
 
 async def save(
-    conn: asyncpg.Connection | asyncpg.Pool,
+    conn: Connection | asyncpg.Pool,
     tenant_id: str,
     *,
     pii_policy: Mapping[str, str] | None = None,

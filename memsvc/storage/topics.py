@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import uuid
 
-import asyncpg
-
+from memsvc.storage.connection import Connection
 from memsvc.storage.model import Scope
 
 # One per persona scope; is_persona marks it, the name only has to be unique in the scope.
 PERSONA_TOPIC_NAME = "__persona__"
 
 
-async def ensure_persona_topic(conn: asyncpg.Connection, scope: Scope) -> uuid.UUID:
+async def ensure_persona_topic(conn: Connection, scope: Scope) -> uuid.UUID:
     """The scope's persona topic, created on first use.
 
     Prefetch renders the facts reached from it (through its episodes) as the persona

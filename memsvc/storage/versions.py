@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import asyncpg
+from memsvc.storage.connection import Connection
 
 
-async def bump_version(conn: asyncpg.Connection, tenant_id: str, user_id: str) -> int:
+async def bump_version(conn: Connection, tenant_id: str, user_id: str) -> int:
     """Give the user a new version, never used before (global sequence); call inside the write."""
     version: int = await conn.fetchval(
         "INSERT INTO scope_versions (tenant_id, user_id, version)"
@@ -18,7 +18,7 @@ async def bump_version(conn: asyncpg.Connection, tenant_id: str, user_id: str) -
     return version
 
 
-async def current_version(conn: asyncpg.Connection, tenant_id: str, user_id: str) -> int:
+async def current_version(conn: Connection, tenant_id: str, user_id: str) -> int:
     """The user's current version; 0 for a user with nothing stored."""
     version: int | None = await conn.fetchval(
         "SELECT version FROM scope_versions WHERE tenant_id = $1 AND user_id = $2",
