@@ -14,6 +14,8 @@ import redis.asyncio as aioredis
 
 from memsvc.embedded import EmbeddedPostgres, EmbeddedServerError, EmbeddedStack, EmbeddedValkey
 from memsvc.embedded.binaries import _package_dir
+from memsvc.embedded.process import read_pid_file
+from tests.embedded_faults import crash, restart
 
 CONNECT_TIMEOUT_S = 10.0
 
@@ -91,11 +93,14 @@ async def test_kill_and_restart_postgres_keeps_committed_rows(tmp_path: Path) ->
     stack = EmbeddedStack(tmp_path / "data", durable=True)
     with stack as (dsn, _url):
         await _execute(dsn, "CREATE TABLE notes (body text); INSERT INTO notes VALUES ('a')")
-        stack.kill_postgres()
+        # The pid is the postmaster's own (no wrapper process between), so a kill reaches it.
+        assert stack.postgres.pid == read_pid_file(stack.postgres.pid_path)
+        crash(stack.postgres)
         assert not stack.postgres.is_running()
-        assert stack.restart_postgres() == dsn
+        assert stack.postgres.pid is None
+        assert stack.postgres.start() == dsn
         assert await _fetchval(dsn, "SELECT count(*) FROM notes") == 1
-        assert stack.restart_postgres() == dsn
+        assert restart(stack.postgres) == dsn
         assert await _fetchval(dsn, "SELECT count(*) FROM notes") == 1
     assert not stack.postgres.is_running()
     assert not stack.valkey.is_running()
@@ -112,7 +117,8 @@ async def test_valkey_restart_keeps_port_and_data(tmp_path: Path) -> None:
             await client.aclose()
         valkey.stop()
         assert valkey.start() == url
-        valkey.kill()
+        assert valkey.pid == read_pid_file(valkey.pid_path)
+        crash(valkey)
         assert not valkey.is_running()
         assert valkey.start() == url
         client = aioredis.from_url(url, socket_timeout=CONNECT_TIMEOUT_S)
@@ -195,6 +201,7 @@ def test_port_is_unknown_before_start(tmp_path: Path) -> None:
         _ = EmbeddedPostgres(tmp_path).dsn
     with pytest.raises(EmbeddedServerError):
         _ = EmbeddedValkey(tmp_path).url
+    assert EmbeddedValkey(tmp_path).pid is None
     assert EmbeddedPostgres(tmp_path, port=5999).dsn.endswith(":5999/memsvc")
 
 

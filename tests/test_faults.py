@@ -37,6 +37,7 @@ from memsvc.storage.migrate import migrate
 from memsvc.v1 import memory_pb2 as pb
 from memsvc.v1 import memory_pb2_grpc
 from tests.conftest import Caller, _KeyedStub
+from tests.embedded_faults import crash, restart
 from tests.ingest_helpers import ASSISTANT, msg
 from tests.read_helpers import TEST_MARGIN_MS, pscope
 from tests.slowed_stages import MARKER, slow_stages
@@ -247,7 +248,7 @@ async def test_redis_killed_reads_answer_in_time_and_recover(
     own = await start_own(cache_retry_after_ms=200)
     await _warm(own)
 
-    own_stack.kill_valkey()
+    crash(own_stack.valkey)
     await _reads_answer_without_the_cache(own)
     # Writes too: invalidation is best effort and bounded.
     write = await timed(
@@ -255,7 +256,7 @@ async def test_redis_killed_reads_answer_in_time_and_recover(
     )
     assert write.code == OK and write.elapsed < 2 + SLACK_S
 
-    await asyncio.to_thread(own_stack.restart_valkey)  # same port, no memsvc restart
+    await asyncio.to_thread(own_stack.valkey.start)  # same port, no memsvc restart
     await _cache_comes_back(own)
 
 
@@ -327,7 +328,7 @@ async def test_postgres_restarted_mid_load(own_stack: EmbeddedStack, start_own: 
         await asyncio.sleep(1.0)
         await _wait_for_sleeping_reads(own_stack.postgres.dsn)
         down = time.monotonic()
-        await asyncio.to_thread(own_stack.restart_postgres)  # fast shutdown, same port
+        await asyncio.to_thread(restart, own_stack.postgres)  # fast shutdown, same port
         up = time.monotonic()
         await asyncio.sleep(3.0)
     finally:

@@ -15,6 +15,7 @@ import redis.asyncio as aioredis
 from memsvc.embedded import EmbeddedValkey
 from memsvc.v1 import memory_pb2 as pb
 from tests.conftest import Caller
+from tests.embedded_faults import crash
 from tests.read_helpers import StartServer, pscope, stub_for
 from tests.read_helpers import start_server as start_server  # fixture
 from tests.test_explicit_memory import remember
@@ -44,7 +45,7 @@ async def test_redis_killed_mid_test(
     assert first.cache == MISS and "window seats" in first.text
     assert (await own.Prefetch(request, timeout=2)).cache == HIT
 
-    valkey.kill()
+    crash(valkey)
     down = await own.Prefetch(request, timeout=1)
     assert down.cache == BYPASSED and not down.degraded and down.text == first.text
     # Writes still work (their invalidation is best effort) and show up at once.

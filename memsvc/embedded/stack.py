@@ -58,24 +58,6 @@ class EmbeddedStack:
         finally:
             self._postgres.stop(timeout_s)
 
-    def kill_postgres(self) -> None:
-        """SIGKILL PostgreSQL and its backends, as a crash would."""
-        self._postgres.kill()
-
-    def kill_valkey(self) -> None:
-        """SIGKILL Valkey, as a crash would."""
-        self._valkey.kill()
-
-    def restart_postgres(self, timeout_s: float = 60.0) -> str:
-        """Stop PostgreSQL if it runs, start it again on the same port; return the DSN."""
-        self._postgres.stop()
-        return self._postgres.start(timeout_s)
-
-    def restart_valkey(self, timeout_s: float = 20.0) -> str:
-        """Stop Valkey if it runs, start it again on the same port; return the URL."""
-        self._valkey.stop()
-        return self._valkey.start(timeout_s)
-
     def __enter__(self) -> tuple[str, str]:
         return self.start()
 
