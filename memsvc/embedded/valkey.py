@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import signal
-import socket
 from functools import cached_property
 from pathlib import Path
+
+import redis
+from redis.backoff import NoBackoff
+from redis.exceptions import BusyLoadingError, RedisError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry
 
 from memsvc.embedded.binaries import valkey_server_bin
 from memsvc.embedded.errors import EmbeddedServerError
 from memsvc.embedded.process import Deadline, url_host
 from memsvc.embedded.supervisor import ServerSupervisor
-
-_PING = b"*1\r\n$4\r\nPING\r\n"
-# Replies that mean "up, but not serving yet" (replaying the AOF, or a replica syncing).
-_NOT_YET = (b"-LOADING", b"-BUSY", b"-MASTERDOWN")
 
 
 class EmbeddedValkey(ServerSupervisor):
@@ -81,25 +83,23 @@ class EmbeddedValkey(ServerSupervisor):
         ]
 
     def _is_ready(self, port: int, deadline: Deadline) -> bool:
-        reply = _ping(self._host, port, min(deadline.remaining(), 0.5))
-        if reply == b"+PONG":
-            return True
-        if reply is not None and not reply.startswith(_NOT_YET):
-            raise EmbeddedServerError(f"valkey-server answered PING with {reply!r}")
-        return False
-
-
-def _ping(host: str, port: int, timeout_s: float) -> bytes | None:
-    """One raw RESP PING; the first reply line, or None if the server is not reachable yet."""
-    try:
-        with socket.create_connection((host, port), timeout=max(timeout_s, 0.01)) as sock:
-            sock.sendall(_PING)
-            reply = b""
-            while not reply.endswith(b"\r\n"):
-                chunk = sock.recv(256)
-                if not chunk:
-                    return None
-                reply += chunk
-            return reply.rstrip(b"\r\n")
-    except OSError:
-        return None
+        timeout_s = max(min(deadline.remaining(), 0.5), 0.01)
+        client = redis.Redis(
+            host=self._host,
+            port=port,
+            socket_connect_timeout=timeout_s,
+            socket_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 0),  # one probe; the Deadline loop is the retry
+        )
+        try:
+            return bool(client.ping())
+        except (RedisConnectionError, RedisTimeoutError, BusyLoadingError):
+            # Not listening yet, or up but replaying its AOF (LOADING). BUSY and MASTERDOWN,
+            # the other "not yet" replies, cannot come from a fresh standalone server.
+            return False
+        except RedisError as exc:
+            raise EmbeddedServerError(
+                f"valkey-server answered PING with {type(exc).__name__}"
+            ) from exc
+        finally:
+            client.close()
