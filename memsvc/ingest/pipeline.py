@@ -117,6 +117,26 @@ class _Speaker:
     goals: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class _Prepared:
+    """One speaker's screened extraction with its vectors, ready to be written."""
+
+    candidates: list[CandidateFact]
+    fact_vectors: np.ndarray
+    topics: tuple[str, ...]
+    topic_vectors: list[np.ndarray]
+    episode: CandidateEpisode | None
+    episode_vector: np.ndarray | None
+    previous: asyncpg.Record | None
+
+
+def _recorded(done: Mapping[str, int]) -> Outcome:
+    """The outcome a run already committed (a retried or raced speaker)."""
+    result = Outcome()
+    result.add(dict(done))
+    return result
+
+
 class ExtractionPipeline:
     """Runs one claimed job. Stateless between jobs; safe to run jobs of different users at once."""
 
@@ -247,15 +267,35 @@ class ExtractionPipeline:
         return list(by_sender.values())
 
     async def _process_speaker(self, job: Job, speaker: _Speaker) -> Outcome:
+        """Extract and embed outside any transaction, then write under the user's lock."""
         scope = speaker.scope
         async with self._acquire() as conn:
             done = await store.run_outcome(conn, scope, job.ingest_id)
         if done is not None:
-            result = Outcome()
-            result.add(done)
-            return result
-
+            return _recorded(done)
         outcome = Outcome(speakers=1)
+        prepared = await self._prepare(job, speaker, outcome)
+        async with self._acquire() as conn, conn.transaction():
+            await store.lock_user(conn, scope.tenant_id, scope.user_id)
+            if not await store.sources_remain(
+                conn,
+                job.scope,
+                job.ingest_id,
+                job.session_id,
+                [t.message_id for t in speaker.turns],
+            ):
+                # Erased while we were extracting: write nothing back.
+                return Outcome()
+            if not await store.claim_run(conn, scope, job.ingest_id, job.session_id):
+                # Another worker committed this speaker meanwhile (a lease takeover race).
+                return _recorded(await store.run_outcome(conn, scope, job.ingest_id) or {})
+            await self._write(conn, job, speaker, prepared, outcome)
+        await self._invalidator.drop_user(scope.tenant_id, scope.user_id)
+        return outcome
+
+    async def _prepare(self, job: Job, speaker: _Speaker, outcome: Outcome) -> _Prepared:
+        """What the speaker said, extracted, screened (gates, floor, PII) and embedded."""
+        scope = speaker.scope
         kept = [t for t in speaker.turns if not is_phatic(t.text)]
         outcome.dropped_by_gates += len(speaker.turns) - len(kept)
         extraction = Extraction(episode=None)
@@ -279,11 +319,20 @@ class ExtractionPipeline:
         policy = await self._guard.policy(scope.tenant_id)
         candidates = self._screen_pii(candidates, policy, outcome)
         topics = self._screen_topics(topics, policy)
-
         async with self._acquire() as conn:
             previous = await store.episode_summary(conn, scope, job.session_id)
         episode = _merge_episode(previous, extraction.episode)
         episode = self._screen_episode(episode, policy, outcome)
+        return await self._embed(candidates, topics, episode, previous)
+
+    async def _embed(
+        self,
+        candidates: list[CandidateFact],
+        topics: tuple[str, ...],
+        episode: CandidateEpisode | None,
+        previous: asyncpg.Record | None,
+    ) -> _Prepared:
+        """One embedding call for the facts, the topics not seen yet and a changed episode."""
         # Topic names repeat across jobs and users ("interests", "work"): embedded once.
         new_topics = [t for t in dict.fromkeys(topics) if t not in self._topic_vectors]
         texts = [c.content for c in candidates] + new_topics
@@ -296,86 +345,98 @@ class ExtractionPipeline:
             if texts
             else np.zeros((0, self._embedder.dimension), dtype=np.float32)
         )
-        fact_vectors = vectors[: len(candidates)]
         for name, vec in zip(
             new_topics, vectors[len(candidates) : len(candidates) + len(new_topics)], strict=True
         ):
             self._topic_vectors[name] = vec
             if len(self._topic_vectors) > _TOPIC_VECTORS_MAX:
                 self._topic_vectors.popitem(last=False)
-        topic_vectors = [self._topic_vectors[t] for t in topics]
         episode_vector = reused
         if episode is not None and reused is None:
             episode_vector = vectors[-1]
+        return _Prepared(
+            candidates=candidates,
+            fact_vectors=vectors[: len(candidates)],
+            topics=topics,
+            topic_vectors=[self._topic_vectors[t] for t in topics],
+            episode=episode,
+            episode_vector=episode_vector,
+            previous=previous,
+        )
 
-        async with self._acquire() as conn, conn.transaction():
-            await store.lock_user(conn, scope.tenant_id, scope.user_id)
-            if not await store.sources_remain(
+    async def _write(
+        self,
+        conn: Connection,
+        job: Job,
+        speaker: _Speaker,
+        prepared: _Prepared,
+        outcome: Outcome,
+    ) -> None:
+        """Facts (then the core limit), the episode with its topics, the version, the run."""
+        scope = speaker.scope
+        touched: list[uuid.UUID] = []
+        core_written: list[uuid.UUID] = []
+        for candidate, vector in zip(prepared.candidates, prepared.fact_vectors, strict=True):
+            memory_id = await self._apply(conn, job, scope, candidate, vector, outcome)
+            if memory_id is not None:
+                touched.append(memory_id)
+                if self._compactor and self._compactor.limits.in_block(
+                    pinned=False, role=candidate.role
+                ):
+                    core_written.append(memory_id)
+        if self._compactor is not None and core_written:
+            # Under the user's lock the caller took, like every core writer.
+            compacted = await self._compactor.enforce(
+                conn, scope, protect=set(core_written), path="extraction"
+            )
+            outcome.core_demoted += len(compacted.demoted)
+        if prepared.episode is not None:
+            await self._write_episode(conn, job, speaker, prepared, touched, outcome)
+        await versions.bump_version(conn, scope.tenant_id, scope.user_id)
+        await store.finish_run(conn, scope, job.ingest_id, outcome.as_dict())
+
+    async def _write_episode(
+        self,
+        conn: Connection,
+        job: Job,
+        speaker: _Speaker,
+        prepared: _Prepared,
+        memory_ids: list[uuid.UUID],
+        outcome: Outcome,
+    ) -> None:
+        """The session's episode, its expiry, its topics and its links to the facts."""
+        assert prepared.episode is not None
+        scope, previous = speaker.scope, prepared.previous
+        times = [t.sent_at for t in speaker.turns]
+        started = min([*times, *([previous["started_at"]] if previous else [])])
+        episode_id = await store.upsert_episode(
+            conn,
+            scope,
+            job.session_id,
+            prepared.episode,
+            started_at=started,
+            ended_at=max(times) if times else started,
+            embedding=prepared.episode_vector,
+            embedding_model=self._embedder.model_id,
+        )
+        # It expires with the last of its source messages.
+        await retention.stamp_episode(conn, job.scope, scope, job.session_id)
+        topic_ids = [
+            await store.upsert_topic(
                 conn,
-                job.scope,
-                job.ingest_id,
-                job.session_id,
-                [t.message_id for t in speaker.turns],
-            ):
-                # Erased while we were extracting: write nothing back.
-                return Outcome()
-            if not await store.claim_run(conn, scope, job.ingest_id, job.session_id):
-                # Another worker committed this speaker meanwhile (a lease takeover race).
-                done = await store.run_outcome(conn, scope, job.ingest_id)
-                result = Outcome()
-                result.add(done or {})
-                return result
-            touched: list[uuid.UUID] = []
-            core_written: list[uuid.UUID] = []
-            for candidate, vector in zip(candidates, fact_vectors, strict=True):
-                memory_id = await self._apply(conn, job, scope, candidate, vector, outcome)
-                if memory_id is not None:
-                    touched.append(memory_id)
-                    if self._compactor and self._compactor.limits.in_block(
-                        pinned=False, role=candidate.role
-                    ):
-                        core_written.append(memory_id)
-            if self._compactor is not None and core_written:
-                # Under the user's lock taken above, like every core writer.
-                compacted = await self._compactor.enforce(
-                    conn, scope, protect=set(core_written), path="extraction"
-                )
-                outcome.core_demoted += len(compacted.demoted)
-            if episode is not None:
-                times = [t.sent_at for t in speaker.turns]
-                started = min([*times, *([previous["started_at"]] if previous else [])])
-                episode_id = await store.upsert_episode(
-                    conn,
-                    scope,
-                    job.session_id,
-                    episode,
-                    started_at=started,
-                    ended_at=max(times) if times else started,
-                    embedding=episode_vector,
-                    embedding_model=self._embedder.model_id,
-                )
-                # It expires with the last of its source messages.
-                await retention.stamp_episode(conn, job.scope, scope, job.session_id)
-                topic_ids = [
-                    await store.upsert_topic(
-                        conn,
-                        scope,
-                        name,
-                        seen_at=max(times) if times else started,
-                        embedding=vec,
-                        embedding_model=self._embedder.model_id,
-                    )
-                    for name, vec in zip(topics, topic_vectors, strict=True)
-                ]
-                await store.link(
-                    conn, scope, episode_id=episode_id, topic_ids=topic_ids, memory_ids=touched
-                )
-                outcome.episodes += 1
-                outcome.topics += len(topic_ids)
-            await versions.bump_version(conn, scope.tenant_id, scope.user_id)
-            await store.finish_run(conn, scope, job.ingest_id, outcome.as_dict())
-        await self._invalidator.drop_user(scope.tenant_id, scope.user_id)
-        return outcome
+                scope,
+                name,
+                seen_at=max(times) if times else started,
+                embedding=vec,
+                embedding_model=self._embedder.model_id,
+            )
+            for name, vec in zip(prepared.topics, prepared.topic_vectors, strict=True)
+        ]
+        await store.link(
+            conn, scope, episode_id=episode_id, topic_ids=topic_ids, memory_ids=memory_ids
+        )
+        outcome.episodes += 1
+        outcome.topics += len(topic_ids)
 
     def _checked(self, extraction: object) -> Extraction:
         """The extractor's result, when it has the shape the protocol promises. A plug-in that

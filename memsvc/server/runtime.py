@@ -150,6 +150,16 @@ class Runtime:
             raise
 
     async def _build(self, settings: Settings, default_pii: dict[str, str]) -> None:
+        """Parts, then the services over them, then the background work over the services."""
+        await self._connect(settings)
+        await self._build_plugins(settings)
+        self._build_governance(settings, default_pii)
+        self._build_trust(settings)
+        self._build_calls(settings)
+        self._build_read_path(settings)
+        await self._build_background(settings)
+
+    async def _connect(self, settings: Settings) -> None:
         assert settings.pg_dsn is not None and settings.redis_url is not None
         self.pool = await connect_and_migrate(settings)
         self._stack.push_async_callback(self.pool.close)
@@ -159,6 +169,9 @@ class Runtime:
             socket_connect_timeout=settings.redis_timeout_ms / 1000,
         )
         self._stack.push_async_callback(self.redis.aclose)
+
+    async def _build_plugins(self, settings: Settings) -> None:
+        """The embedder and the extractor: given ones are the caller's to close."""
         if self._given_embedder is not None:
             self.embedder = self._given_embedder
         else:
@@ -174,6 +187,8 @@ class Runtime:
         else:
             self.extractor = build_extractor(settings)
             self._stack.push_async_callback(self.extractor.aclose)
+
+    def _build_governance(self, settings: Settings, default_pii: dict[str, str]) -> None:
         self.invalidator = PacketInvalidator(self.redis, timeout_s=settings.redis_timeout_ms / 1000)
         self.policies = TenantPolicies(
             self.pool,
@@ -184,8 +199,10 @@ class Runtime:
         self.guard = PiiGuard(
             self.policies, phone_regions=settings.pii_phone_regions, core_role=settings.roles[0]
         )
+
+    def _build_calls(self, settings: Settings) -> None:
+        """The services of the explicit writes, Ingest and export."""
         acquire_timeout_s = settings.pg_acquire_timeout_ms / 1000
-        self._build_trust(settings)
         write_embedder = MeasuredEmbedder(self.embedder, "write")
         self.memories = MemoryService(
             self.pool,
@@ -212,7 +229,10 @@ class Runtime:
                 fetch_timeout_s=settings.pg_command_timeout_ms / 1000,
             ),
         )
-        self._build_read_path(settings)
+
+    async def _build_background(self, settings: Settings) -> None:
+        """The extraction pipeline, and (with workers) the outbox worker and expiry loop."""
+        assert settings.pg_dsn is not None
         self.pipeline = ExtractionPipeline(
             self.pool,
             MeasuredEmbedder(await self._background_embedder(settings), "extraction"),
