@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+BENCH_STAMP := $(VENV)/.bench-installed-stamp
 PROTO_SRC := protos/memsvc/v1/memory.proto
 
 .PHONY: install run test lint proto bench soak locomo extraction-eval image clean
@@ -48,13 +49,20 @@ proto: install
 	PATH=$(BIN):$$PATH $(BIN)/python -m grpc_tools.protoc -I protos --python_out=. --grpc_python_out=. \
 		--mypy_out=. --mypy_grpc_out=. $(PROTO_SRC)
 
+## The benchmarks' extra (matplotlib, for their plots): `make install` does without it.
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[bench]'
+	touch $(BENCH_STAMP)
+
 ## Remember, Ingest, then Recall and Prefetch (bench/recall.py seeds 100,000 memories;
-## RECALL_ARGS to change), then the soak (SOAK_ARGS). Each writes JSON under bench/results/.
-bench: install
+## RECALL_ARGS to change), then the soak (SOAK_ARGS). Each writes JSON and a plot under
+## bench/results/; bench/RESULTS.md (committed) is written from the newest of each.
+bench: install $(BENCH_STAMP)
 	$(BIN)/python -m bench.remember $(BENCH_ARGS)
 	$(BIN)/python -m bench.ingest $(INGEST_ARGS)
 	$(BIN)/python -m bench.recall $(RECALL_ARGS)
 	$(BIN)/python -m bench.soak $(SOAK_ARGS)
+	$(BIN)/python -m bench.report
 
 ## Retrieval quality on the LoCoMo development split (../shared/data/locomo), through gRPC.
 locomo: install
@@ -67,7 +75,7 @@ extraction-eval: install
 
 ## Soak: mixed Recall/Prefetch/Ingest at a fixed open-loop rate (default 5 min at 40/s; SOAK_ARGS,
 ## e.g. SOAK_ARGS="--minutes 3"); latency per window, errors, server RSS, Ingest exactly once.
-soak: install
+soak: install $(BENCH_STAMP)
 	$(BIN)/python -m bench.soak $(SOAK_ARGS)
 
 image:

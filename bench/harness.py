@@ -1,8 +1,10 @@
-"""Shared benchmark pieces: memsvc in its own process, open-loop pacing, percentiles."""
+"""Shared benchmark pieces: memsvc in its own process, open-loop calls, percentiles, results."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import math
 import os
 import signal
 import socket
@@ -11,14 +13,19 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
+import numpy.typing as npt
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from bench.provenance import provenance
 
 RESULTS_DIR = Path(__file__).parent / "results"
 
@@ -130,44 +137,138 @@ def _wait_serving(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 1
     raise RuntimeError("memsvc dev did not become ready")
 
 
+# Answers: plain, degraded (a leg missing), Prefetch cache outcomes, Remember new or reinforced.
+OK_OUTCOMES = frozenset({"ok", "degraded", "hit", "miss", "bypassed", "new", "reinforced"})
+LATE = "late"
+
+
+@dataclass
+class Phase:
+    """One open-loop run: every call's latency (from its scheduled start) and outcome, in call
+    order. A call that failed, or answered after its deadline (outcome ``late``), is counted
+    at the deadline in the all-calls percentiles: the caller had no answer by then."""
+
+    name: str
+    rate_per_s: float
+    deadline_s: float
+    latencies_s: list[float]
+    outcomes: list[str]
+    wall_s: float
+    server_total_ms: list[float] = field(default_factory=list)
+
+    def summary(self) -> Summary:
+        return summarize(self.name, self.latencies_s, self.outcomes, self.deadline_s, self.wall_s)
+
+    def outcome_counts(self) -> dict[str, int]:
+        return dict(Counter(self.outcomes))
+
+    def counted_ms(self) -> list[float]:
+        """Every call's latency in ms, a failed or late one at the deadline (for plots)."""
+        return [
+            lat * 1000 if o in OK_OUTCOMES else self.deadline_s * 1000
+            for lat, o in zip(self.latencies_s, self.outcomes, strict=True)
+        ]
+
+    def as_dict(self) -> dict[str, Any]:
+        ms = np.asarray(self.latencies_s) * 1000
+        return {
+            "summary": self.summary().as_dict(),
+            "rate_per_s": self.rate_per_s,
+            "outcomes": self.outcome_counts(),
+            "server_total_ms_p50": float(np.median(self.server_total_ms))
+            if self.server_total_ms
+            else None,
+            # In call order (= scheduled time): stalls show up as runs of slow calls.
+            "latencies_ms": [round(float(x), 1) for x in ms],
+        }
+
+
 @dataclass
 class Summary:
+    """A phase in figures. ``p*_ms``: over every call, a failed or late one counted at the
+    deadline; ``ok_p*_ms``: over the calls answered in time only."""
+
     name: str
-    count: int
+    calls: int
     errors: int
+    deadline_ms: float
     p50_ms: float
     p95_ms: float
     p99_ms: float
+    ok_p50_ms: float
+    ok_p95_ms: float
+    ok_p99_ms: float
     max_ms: float
-    mean_ms: float
     throughput_per_s: float
 
     def line(self) -> str:
         return (
-            f"{self.name:<28} n={self.count:<6} err={self.errors:<4} "
-            f"p50={self.p50_ms:7.2f} p95={self.p95_ms:7.2f} p99={self.p99_ms:7.2f} "
-            f"max={self.max_ms:7.2f} ms  {self.throughput_per_s:7.1f}/s"
+            f"{self.name:<30} n={self.calls:<6} err={self.errors:<5} all calls "
+            f"p50={self.p50_ms:7.2f} p95={self.p95_ms:7.2f} p99={self.p99_ms:7.2f} | OK "
+            f"p50={self.ok_p50_ms:7.2f} p95={self.ok_p95_ms:7.2f} p99={self.ok_p99_ms:7.2f} "
+            f"max={self.max_ms:7.2f} ms {self.throughput_per_s:6.1f}/s"
         )
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
 
 
-def summarize(name: str, latencies_s: list[float], errors: int, wall_s: float) -> Summary:
-    ms = np.asarray(latencies_s, dtype=np.float64) * 1000
+def _percentiles(ms: npt.NDArray[np.float64]) -> tuple[float, float, float]:
     if ms.size == 0:
-        ms = np.asarray([float("nan")])
+        return float("nan"), float("nan"), float("nan")
+    p50, p95, p99 = np.percentile(ms, [50, 95, 99])
+    return float(p50), float(p95), float(p99)
+
+
+def summarize(
+    name: str, latencies_s: list[float], outcomes: list[str], deadline_s: float, wall_s: float
+) -> Summary:
+    """Percentiles over all calls (failed or late ones at ``deadline_s``) and over OK ones."""
+    ms = np.asarray(latencies_s, dtype=np.float64) * 1000
+    ok = np.asarray([o in OK_OUTCOMES for o in outcomes], dtype=bool)
+    counted = np.where(ok, ms, deadline_s * 1000)
+    p50, p95, p99 = _percentiles(counted)
+    ok_p50, ok_p95, ok_p99 = _percentiles(ms[ok])
     return Summary(
         name=name,
-        count=len(latencies_s),
-        errors=errors,
-        p50_ms=float(np.percentile(ms, 50)),
-        p95_ms=float(np.percentile(ms, 95)),
-        p99_ms=float(np.percentile(ms, 99)),
-        max_ms=float(ms.max()),
-        mean_ms=float(ms.mean()),
-        throughput_per_s=len(latencies_s) / wall_s if wall_s > 0 else 0.0,
+        calls=len(outcomes),
+        errors=int((~ok).sum()),
+        deadline_ms=deadline_s * 1000,
+        p50_ms=p50,
+        p95_ms=p95,
+        p99_ms=p99,
+        ok_p50_ms=ok_p50,
+        ok_p95_ms=ok_p95,
+        ok_p99_ms=ok_p99,
+        max_ms=float(ms.max()) if ms.size else float("nan"),
+        throughput_per_s=int(ok.sum()) / wall_s if wall_s > 0 else 0.0,
     )
+
+
+def over_floor(service: Summary, floor: Summary) -> dict[str, float | None]:
+    """service / floor at p50, p95 and p99, over all calls (and over OK calls: ``ok_p*``)."""
+
+    def ratio(ours: float, base: float) -> float | None:
+        return round(ours / base, 3) if base and math.isfinite(ours / base) else None
+
+    out: dict[str, float | None] = {}
+    for p in ("p50", "p95", "p99"):
+        out[p] = ratio(getattr(service, f"{p}_ms"), getattr(floor, f"{p}_ms"))
+        out[f"ok_{p}"] = ratio(getattr(service, f"ok_{p}_ms"), getattr(floor, f"ok_{p}_ms"))
+    return out
+
+
+def ratio_row(service: Summary, floor: Summary) -> dict[str, Any]:
+    """One line of a report's ``ratios``: which phase, over which floor, and the ratios."""
+    return {"phase": service.name, "floor": floor.name, **over_floor(service, floor)}
+
+
+def ratio_line(row: dict[str, Any]) -> str:
+    """A ``ratio_row`` as one printed line."""
+    cells = "  ".join(
+        f"{p} x{row[p]:.2f}" if row[p] is not None else f"{p} -" for p in ("p50", "p95", "p99")
+    )
+    return f"{row['phase']:<30} / {row['floor']}: {cells} (all calls)"
 
 
 async def paced(
@@ -211,24 +312,33 @@ async def finished(tasks: list[asyncio.Task[None]]) -> None:
         await asyncio.wait(pending)
 
 
-async def open_loop(
-    call: Callable[[int], Awaitable[None]], *, rate_per_s: float, count: int
-) -> tuple[list[float], int, float]:
-    """Send `count` calls at a fixed rate whether or not earlier ones returned (no hidden queueing).
+Call = Callable[[int], Awaitable[str | None]]
 
-    Latency is measured from each call's scheduled start, so a stalled client shows up too.
+
+async def open_loop(
+    name: str, call: Call, *, rate_per_s: float, count: int, deadline_s: float
+) -> Phase:
+    """Send ``count`` calls at ``rate_per_s`` whether or not earlier ones returned (no hidden
+    queueing); each ``call`` returns its outcome (None: "ok") or raises.
+
+    Latency is measured from each call's scheduled start, so a stalled client shows up too;
+    an answer later than ``deadline_s`` after that is ``late``.
     """
-    latencies: list[float] = []
-    errors = 0
+    latencies = [0.0] * count
+    outcomes = [""] * count
     tasks: list[asyncio.Task[None]] = []
 
     async def one(i: int, scheduled: float) -> None:
-        nonlocal errors
         try:
-            await call(i)
-            latencies.append(time.perf_counter() - scheduled)
-        except Exception:
-            errors += 1
+            outcome = await call(i) or "ok"
+        except grpc.aio.AioRpcError as exc:
+            outcome = exc.code().name
+        except Exception as exc:
+            outcome = type(exc).__name__
+        latencies[i] = time.perf_counter() - scheduled
+        if outcome in OK_OUTCOMES and latencies[i] > deadline_s:
+            outcome = LATE
+        outcomes[i] = outcome
 
     start = await paced(
         lambda i, scheduled: tasks.append(asyncio.create_task(one(i, scheduled))),
@@ -236,4 +346,19 @@ async def open_loop(
         count=count,
     )
     await finished(tasks)
-    return latencies, errors, time.perf_counter() - start
+    return Phase(name, rate_per_s, deadline_s, latencies, outcomes, time.perf_counter() - start)
+
+
+def result_paths(kind: str) -> tuple[Path, Path]:
+    """bench/results/KIND-YYYYmmdd-HHMMSS.json and the .png beside it."""
+    RESULTS_DIR.mkdir(exist_ok=True)
+    stem = RESULTS_DIR / f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return stem.with_suffix(".json"), stem.with_suffix(".png")
+
+
+def write_result(path: Path, body: dict[str, Any], report: dict[str, Any]) -> None:
+    """The run's JSON with its provenance and ``report``: what bench/RESULTS.md shows of it
+    (``title``; ``rows``: Summary dicts; ``ratios``: {phase, floor, p50, p95, p99, ok_p*};
+    ``notes``: sentences)."""
+    path.write_text(json.dumps({"provenance": provenance(), "report": report, **body}, indent=2))
+    print(f"written {path}")

@@ -1,29 +1,45 @@
 """Ingest acknowledgement latency (open loop) and end-to-end extraction throughput (rules).
 
-    python -m bench.ingest [--rate 200] [--count 2000] [--sessions 100]
+    python -m bench.ingest [--rate 200] [--count 2000] [--sessions 100] [--throughput-count 1000]
 
 Three measurements, each against `memsvc serve` in its own process:
-1. ack latency with workers off (the online path alone) and the floor (same two writes direct);
+1. ack latency with workers off (the online path alone) and the floor: the same two INSERTs
+   in one transaction, made directly with asyncpg (bench/direct_writes.py);
 2. ack latency with workers on (extraction competing for the same two cores);
-3. throughput: messages per second from the first Ingest until every job is `done`.
+3. throughput: messages per second from the first Ingest until every job has finished,
+   counting only jobs that reached `done` (a `dead` job is an error, not throughput).
+
+Results: bench/results/ingest-*.json and a latency CDF plot ingest-*.png.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import time
 import uuid
+from collections import Counter
+from datetime import UTC
+from typing import Any
 
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from bench.harness import RESULTS_DIR, Summary, Target, open_loop, served_stack, summarize
-from memsvc.concurrency.deadline import Budget
-from memsvc.ingest.service import IngestCommand, IngestService
-from memsvc.storage.messages import StoredMessage
+from bench import direct_writes
+from bench.harness import (
+    Phase,
+    Target,
+    open_loop,
+    ratio_line,
+    ratio_row,
+    result_paths,
+    served_stack,
+    write_result,
+)
+from bench.plots import latency_cdf
+from memsvc.config import Settings
 from memsvc.storage.model import Scope
+from memsvc.storage.pool import connect_and_migrate
 from memsvc.v1 import memory_pb2 as pb
 from memsvc.v1 import memory_pb2_grpc
 
@@ -37,6 +53,7 @@ SENTENCES = [
     "I'm planning to visit {city} next spring.",
     "Thanks, that helps a lot.",
 ]
+DEADLINE_S = 2.0
 FILL = {
     "city": ["Lisbon", "Oslo", "Kyoto", "Accra", "Quito", "Perth"],
     "food": ["peanuts", "shellfish", "gluten", "kiwi"],
@@ -78,77 +95,92 @@ def request(i: int, sessions: int) -> pb.IngestRequest:
     )
 
 
-async def ack_latency(target: Target, rate: float, count: int, sessions: int, name: str) -> Summary:
+async def ack_latency(target: Target, rate: float, count: int, sessions: int, name: str) -> Phase:
     metadata = (("x-api-key", target.api_key),)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{target.port}") as channel:
         stub = memory_pb2_grpc.MemoryServiceStub(channel)
 
         async def call(i: int) -> None:
-            await stub.Ingest(request(i, sessions), metadata=metadata, timeout=2)
+            await stub.Ingest(request(i, sessions), metadata=metadata, timeout=DEADLINE_S)
 
-        await open_loop(lambda i: call(10_000_000 + i), rate_per_s=rate, count=100)  # warm-up
-        lat, err, wall = await open_loop(call, rate_per_s=rate, count=count)
-    return summarize(name, lat, err, wall)
+        async def warm_up(i: int) -> None:
+            await call(10_000_000 + i)
+
+        await open_loop("warm-up", warm_up, rate_per_s=rate, count=100, deadline_s=DEADLINE_S)
+        phase = await open_loop(name, call, rate_per_s=rate, count=count, deadline_s=DEADLINE_S)
+    print(phase.summary().line(), phase.outcome_counts())
+    return phase
 
 
-async def floor_latency(target: Target, rate: float, count: int, sessions: int) -> Summary:
-    """The same two writes through IngestService, in this process, without gRPC."""
-    import asyncpg
-    from pgvector.asyncpg import register_vector
-
-    pool = await asyncpg.create_pool(target.pg_dsn, min_size=2, max_size=10, init=register_vector)
-    service = IngestService(pool, acquire_timeout_s=1.0)
+async def floor_latency(target: Target, rate: float, count: int, sessions: int) -> Phase:
+    """The same two INSERTs in one transaction, made directly with asyncpg in this process."""
+    pool = await connect_and_migrate(Settings(pg_dsn=target.pg_dsn, redis_url=target.redis_url))
     try:
 
         async def call(i: int) -> None:
+            # The same request the service gets, its messages as the INSERT takes them.
             r = request(20_000_000 + i, sessions)
-            await service.ingest(
-                IngestCommand(
-                    scope=Scope("floor", r.scope.user_id),
+            await direct_writes.ingest(
+                pool,
+                Scope("floor", r.scope.user_id),
+                r.idempotency_key,
+                direct_writes.Turn(
                     session_id=r.session_id,
-                    idempotency_key=r.idempotency_key,
-                    messages=tuple(
-                        StoredMessage(
-                            r.session_id,
-                            m.message_id,
-                            m.sender_id,
-                            "user" if m.role == pb.MESSAGE_ROLE_USER else "assistant",
-                            m.text,
-                            m.sent_at.ToDatetime().astimezone(),
-                        )
+                    message_ids=[m.message_id for m in r.messages],
+                    sender_ids=[m.sender_id for m in r.messages],
+                    roles=[
+                        "user" if m.role == pb.MESSAGE_ROLE_USER else "assistant"
                         for m in r.messages
-                    ),
+                    ],
+                    texts=[m.text for m in r.messages],
+                    sent_at=[m.sent_at.ToDatetime(tzinfo=UTC) for m in r.messages],
                 ),
-                Budget(2.0),
+                timeout_s=DEADLINE_S,
             )
 
-        await open_loop(lambda i: call(count + i), rate_per_s=rate, count=100)
-        lat, err, wall = await open_loop(call, rate_per_s=rate, count=count)
-        return summarize("floor Ingest (direct)", lat, err, wall)
+        async def warm_up(i: int) -> None:
+            await call(count + i)
+
+        await open_loop("warm-up", warm_up, rate_per_s=rate, count=100, deadline_s=DEADLINE_S)
+        phase = await open_loop(
+            "floor Ingest (direct SQL)", call, rate_per_s=rate, count=count, deadline_s=DEADLINE_S
+        )
+        print(phase.summary().line(), phase.outcome_counts())
+        return phase
     finally:
         await pool.close()
 
 
-async def throughput(target: Target, count: int, sessions: int) -> dict[str, float]:
-    """Send `count` ingests as fast as they are acknowledged, then wait until all are done."""
+async def throughput(target: Target, count: int, sessions: int) -> dict[str, Any]:
+    """Send `count` ingests as fast as they are acknowledged, then wait until every
+    acknowledged job has finished; only the jobs that reached `done` count as throughput."""
     metadata = (("x-api-key", target.api_key),)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{target.port}") as channel:
         stub = memory_pb2_grpc.MemoryServiceStub(channel)
         started = time.perf_counter()
-        ids = []
+        ids: list[str] = []
+        ack_errors: Counter[str] = Counter()
         for start in range(0, count, 50):
             replies = await asyncio.gather(
                 *(
                     stub.Ingest(request(30_000_000 + i, sessions), metadata=metadata, timeout=5)
                     for i in range(start, min(count, start + 50))
-                )
+                ),
+                return_exceptions=True,
             )
-            ids.extend(r.ingest_id for r in replies)
+            for reply in replies:
+                if isinstance(reply, grpc.aio.AioRpcError):
+                    ack_errors[reply.code().name] += 1
+                elif isinstance(reply, BaseException):
+                    raise reply
+                else:
+                    ids.append(reply.ingest_id)
         acked = time.perf_counter() - started
         # Poll in submission order, a few at a time, from the oldest still pending: jobs are
         # done roughly in that order, and asking for hundreds of statuses twice a second took
         # a large share of the server's event loop, more the longer extraction ran.
         pending = list(ids)
+        final: dict[str, int] = {}
         while pending:
             await asyncio.sleep(0.5)
             states = await asyncio.gather(
@@ -159,21 +191,25 @@ async def throughput(target: Target, count: int, sessions: int) -> dict[str, flo
                     for i in pending[:20]
                 )
             )
-            finished = {
-                s.ingest_id
+            final |= {
+                s.ingest_id: s.state
                 for s in states
                 if s.state in (pb.INGEST_STATE_DONE, pb.INGEST_STATE_DEAD)
             }
-            pending = [i for i in pending if i not in finished]
+            pending = [i for i in pending if i not in final]
         total = time.perf_counter() - started
-    messages = count * 2
+    done = sum(state == pb.INGEST_STATE_DONE for state in final.values())
     return {
         "ingests": count,
-        "messages": messages,
-        "ack_seconds": acked,
-        "done_seconds": total,
-        "messages_per_s": messages / total,
-        "user_messages_per_s": count / total,
+        "acknowledged": len(ids),
+        "ack_errors": dict(ack_errors),
+        "done": done,
+        "dead": len(final) - done,
+        "ack_seconds": round(acked, 2),
+        "finished_seconds": round(total, 2),
+        # Two messages per job, counted only for jobs that reached `done`.
+        "messages_per_s": round(2 * done / total, 2),
+        "user_messages_per_s": round(done / total, 2),
     }
 
 
@@ -184,46 +220,52 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=100)
     parser.add_argument("--throughput-count", type=int, default=1000)
     args = parser.parse_args()
-    results: list[Summary] = []
     with served_stack({"MEMSVC_RUN_WORKERS": "false"}) as target:
-        results.append(
-            asyncio.run(
-                ack_latency(
-                    target, args.rate, args.count, args.sessions, "grpc Ingest (workers off)"
-                )
-            )
+        workers_off = asyncio.run(
+            ack_latency(target, args.rate, args.count, args.sessions, "grpc Ingest (workers off)")
         )
-        results.append(asyncio.run(floor_latency(target, args.rate, args.count, args.sessions)))
+        floor = asyncio.run(floor_latency(target, args.rate, args.count, args.sessions))
     with served_stack() as target:
-        results.append(
-            asyncio.run(
-                ack_latency(
-                    target, args.rate, args.count, args.sessions, "grpc Ingest (workers on)"
-                )
-            )
+        workers_on = asyncio.run(
+            ack_latency(target, args.rate, args.count, args.sessions, "grpc Ingest (workers on)")
         )
     with served_stack() as target:
         tp = asyncio.run(throughput(target, args.throughput_count, args.sessions))
-    for r in results:
-        print(r.line())
-    print(
-        f"service / floor (workers off): p50 x{results[0].p50_ms / results[1].p50_ms:.2f}, "
-        f"p99 x{results[0].p99_ms / results[1].p99_ms:.2f}"
+    ratios = [ratio_row(workers_off.summary(), floor.summary())]
+    print(ratio_line(ratios[0]))
+    extraction = (
+        f"extraction throughput (rules, end to end until every job finished): "
+        f"{tp['messages_per_s']:.1f} messages/s of jobs that reached done ({tp['done']} of "
+        f"{tp['ingests']} two-message ingests done, {tp['dead']} dead, "
+        f"{sum(tp['ack_errors'].values())} not acknowledged; finished in "
+        f"{tp['finished_seconds']:.1f} s, acknowledged in {tp['ack_seconds']:.1f} s)"
     )
-    print(
-        f"extraction throughput (rules, end to end until done): {tp['messages_per_s']:.1f} "
-        f"messages/s ({tp['ingests']} ingests of 2 messages in {tp['done_seconds']:.1f}s; "
-        f"acknowledged in {tp['ack_seconds']:.1f}s)"
+    print(extraction)
+    every = [workers_off, floor, workers_on]
+    out, plot = result_paths("ingest")
+    write_result(
+        out,
+        {"args": vars(args), "phases": {p.name: p.as_dict() for p in every}, "throughput": tp},
+        {
+            "title": (
+                f"Ingest acknowledgement, {args.rate:g} calls/s open loop, {args.count} calls "
+                "a phase; extraction throughput"
+            ),
+            "rows": [p.summary().as_dict() for p in every],
+            "ratios": ratios,
+            "notes": [extraction],
+        },
     )
-    RESULTS_DIR.mkdir(exist_ok=True)
-    out = RESULTS_DIR / f"ingest-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(
-        json.dumps(
-            {"args": vars(args), "results": [r.as_dict() for r in results], "throughput": tp},
-            indent=2,
-        )
+    latency_cdf(
+        plot,
+        [(p.name, p.counted_ms()) for p in every],
+        title=(
+            f"Ingest acknowledgement latency, {args.rate:g} calls/s open loop "
+            "(failed calls at the deadline)"
+        ),
+        floors={r["floor"]: r["phase"] for r in ratios},
     )
-    print(f"written {out}")
+    print(f"written {plot}")
 
 
 if __name__ == "__main__":

@@ -13,12 +13,16 @@ earlier ones returned (a closed loop would hide queueing). Phases:
    Recall with a caller-supplied vector, Prefetch served from the cache, Prefetch built
    (a distinct hint per call: embedding + walk + store), and the transport alone (a gRPC
    Health/Check to the same server on the same channel);
-2. capacity: Recall text at rising rates; the highest with p99 <= 200 ms and no errors;
+2. capacity: Recall text at rising rates; the highest with p99 <= 200 ms and no errors
+   (a rate whose p99, failures counted at their 2 s deadline, is past 800 ms ends the climb);
 3. overload: twice that rate with 200 ms deadlines; every answer is classified (OK, OK but
    degraded, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, other);
-4. the floor: the same embedding, SQL and Redis calls made directly from this process.
+4. the floor: the same embedding, SQL and Redis calls made directly from this process, with
+   the service's concurrency (a text Recall embeds while its lexical leg runs).
 
-Each ratio to the floor is printed with its parts: floor + transport + memsvc's own overhead.
+Percentiles are over every call, a failed or late one counted at its deadline, beside the
+same over the calls answered in time (bench/harness.py). Each ratio to the floor is printed
+with its parts: floor + transport + memsvc's own overhead.
 
 ``--overload-only RATE`` runs only phase 3, ``--overload-runs`` times, to compare server
 settings (one run varies a lot on a shared machine). Each phase's latencies are kept in call
@@ -32,14 +36,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import re
-import time
 import urllib.request
 from collections import Counter
-from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict
 from typing import Any
 
 import grpc
@@ -49,17 +51,19 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench import corpus
 from bench.harness import (
-    RESULTS_DIR,
-    Summary,
+    Call,
+    Phase,
     Target,
-    finished,
     free_port,
-    paced,
+    open_loop,
+    ratio_line,
+    ratio_row,
+    result_paths,
     served_stack,
-    summarize,
+    write_result,
 )
-from bench.png import latency_cdf_png
-from memsvc.cache.keys import packet_key
+from bench.plots import latency_cdf
+from memsvc.cache.keys import packet_key, user_index_key
 from memsvc.concurrency.deadline import Budget
 from memsvc.config import Settings
 from memsvc.embedding.onnx_minilm import OnnxMiniLMEmbedder
@@ -81,70 +85,13 @@ HANDLED = re.compile(
 LABEL = re.compile(r'(\w+)="([^"]*)"')
 CAPACITY_P99_MS = 200.0
 OVERLOAD_DEADLINE_S = 0.2
+CAPACITY_DEADLINE_S = 2.0
 STEP_SECONDS = 8.0
 TRANSPORT = "gRPC transport"
 
-Call = Callable[[int], Awaitable[str]]
-
-
-@dataclass
-class Phase:
-    """One open-loop run: every call's latency (from its scheduled start) and outcome."""
-
-    name: str
-    rate_per_s: float
-    latencies_s: list[float]
-    outcomes: list[str]
-    wall_s: float
-    server_total_ms: list[float]
-
-    def summary(self) -> Summary:
-        ok = [
-            lat for lat, o in zip(self.latencies_s, self.outcomes, strict=True) if o in OK_OUTCOMES
-        ]
-        errors = sum(o not in OK_OUTCOMES for o in self.outcomes)
-        return summarize(self.name, ok, errors, self.wall_s)
-
-    def as_dict(self) -> dict[str, Any]:
-        ms = np.asarray(self.latencies_s) * 1000
-        return {
-            "summary": self.summary().as_dict(),
-            "rate_per_s": self.rate_per_s,
-            "outcomes": dict(Counter(self.outcomes)),
-            "all_calls_p99_ms": float(np.percentile(ms, 99)) if ms.size else None,
-            "server_total_ms_p50": float(np.median(self.server_total_ms))
-            if self.server_total_ms
-            else None,
-            # In call order (= scheduled time): stalls show up as runs of slow calls.
-            "latencies_ms": [round(float(x), 1) for x in ms],
-        }
-
-
-OK_OUTCOMES = ("ok", "degraded", "hit", "miss", "bypassed")
-
-
-async def open_loop(name: str, call: Call, *, rate_per_s: float, count: int) -> Phase:
-    """Send ``count`` calls at ``rate_per_s``; no call waits for an earlier one."""
-    latencies = [0.0] * count
-    outcomes = [""] * count
-    tasks: list[asyncio.Task[None]] = []
-
-    async def one(i: int, scheduled: float) -> None:
-        try:
-            outcomes[i] = await call(i)
-        except grpc.aio.AioRpcError as exc:
-            outcomes[i] = exc.code().name
-        except Exception as exc:
-            outcomes[i] = type(exc).__name__
-        latencies[i] = time.perf_counter() - scheduled
-
-    start = await paced(
-        lambda i, scheduled: tasks.append(asyncio.create_task(one(i, scheduled))),
-        rate_per_s=rate_per_s,
-        count=count,
-    )
-    await finished(tasks)
-    return Phase(name, rate_per_s, latencies, outcomes, time.perf_counter() - start, [])
+DEADLINE_S = 1.0
+# What the Prefetch floor stores for a built packet: about the size of one of this corpus's.
+PACKET_STAND_IN = b"x" * 2048
 
 
 def server_recall_codes(metrics_port: int) -> Counter[str]:
@@ -214,18 +161,26 @@ class Client:
     async def health(self, _i: int) -> str:
         """The transport alone: a Health/Check on the same channel to the same server process
         (no auth, no database), so service - floor - transport is memsvc's own overhead."""
-        await self._health.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
+        await self._health.Check(health_pb2.HealthCheckRequest(), timeout=DEADLINE_S)
         return "ok"
 
     async def close(self) -> None:
-        await self._channel.close()
+        await self._channel.close(None)
 
 
-async def run_phase(client: Client, name: str, call: Call, rate: float, count: int) -> Phase:
+async def run_phase(
+    client: Client,
+    name: str,
+    call: Call,
+    rate: float,
+    count: int,
+    deadline_s: float = DEADLINE_S,
+) -> Phase:
+    """One open-loop phase; ``call`` must give up after ``deadline_s``."""
     client.server_total_ms = []
-    phase = await open_loop(name, call, rate_per_s=rate, count=count)
+    phase = await open_loop(name, call, rate_per_s=rate, count=count, deadline_s=deadline_s)
     phase.server_total_ms = client.server_total_ms
-    print(phase.summary().line(), dict(Counter(phase.outcomes)))
+    print(phase.summary().line(), phase.outcome_counts())
     return phase
 
 
@@ -247,28 +202,28 @@ async def grpc_phases(
         request = pb.RecallRequest(
             scope=pb.Scope(user_id=client.user()), query_vector=vectors[i % len(vectors)]
         )
-        return await client.recall(request, 1.0)
+        return await client.recall(request, DEADLINE_S)
 
     warm_users = [f"user-{u:05d}" for u in range(min(args.users, 200))]
 
     async def prefetch_cached(i: int) -> str:
         request = pb.PrefetchRequest(scope=pb.Scope(user_id=warm_users[i % len(warm_users)]))
-        return await client.prefetch(request, 1.0)
+        return await client.prefetch(request, DEADLINE_S)
 
     async def prefetch_built(i: int) -> str:
         request = pb.PrefetchRequest(
             scope=pb.Scope(user_id=client.user()), hint=f"{next(texts)} #{i}"
         )
-        return await client.prefetch(request, 1.0)
+        return await client.prefetch(request, DEADLINE_S)
 
     try:
-        await run_phase(client, "warm-up", recall_text(1.0), args.rate, 100)
+        await run_phase(client, "warm-up", recall_text(DEADLINE_S), args.rate, 100)
         for user in warm_users:  # fill the cache for the cached-Prefetch phase
             await client.prefetch(pb.PrefetchRequest(scope=pb.Scope(user_id=user)), 2.0)
         if args.overload_only:
             return await overload_runs(client, recall_text, args, metrics_port)
         rate, count = args.rate, args.count
-        phases.append(await run_phase(client, "Recall text", recall_text(1.0), rate, count))
+        phases.append(await run_phase(client, "Recall text", recall_text(DEADLINE_S), rate, count))
         phases.append(await run_phase(client, "Recall vector", recall_vector, rate, count))
         phases.append(await run_phase(client, "Prefetch cached", prefetch_cached, rate, count))
         phases.append(await run_phase(client, "Prefetch built", prefetch_built, rate, count))
@@ -280,9 +235,10 @@ async def grpc_phases(
             phase = await run_phase(
                 client,
                 f"capacity {step_rate:g}/s",
-                recall_text(2.0),
+                recall_text(CAPACITY_DEADLINE_S),
                 step_rate,
                 int(step_rate * STEP_SECONDS),
+                CAPACITY_DEADLINE_S,
             )
             summary = phase.summary()
             good = summary.errors == 0 and summary.p99_ms <= CAPACITY_P99_MS
@@ -299,6 +255,7 @@ async def grpc_phases(
             recall_text(OVERLOAD_DEADLINE_S),
             overload_rate,
             int(overload_rate * 10),
+            OVERLOAD_DEADLINE_S,
         )
         phases.append(overload)
         server_side = server_recall_codes(metrics_port)
@@ -335,6 +292,7 @@ async def overload_runs(
             recall_text(OVERLOAD_DEADLINE_S),
             args.overload_only,
             int(args.overload_only * 10),
+            OVERLOAD_DEADLINE_S,
         )
         server_side = server_recall_codes(metrics_port)
         server_side.subtract(before)
@@ -346,8 +304,11 @@ async def overload_runs(
 async def floor_phases(
     target: Target, args: argparse.Namespace, vectors: list[list[float]]
 ) -> list[Phase]:
-    """The same calls made directly: embed, both legs' SQL concurrently on two pooled
-    connections, the version read and the Redis GET; no gRPC, no fusion, no framing."""
+    """The same calls made directly, with the service's concurrency: for a text Recall the
+    embedding runs beside the lexical leg and the dense leg's SQL follows it, each leg on
+    its own pooled connection; a vector Recall is the dense leg alone; Prefetch reads the
+    version beside the Redis GET, and a built packet runs its core read beside the hint's
+    embedding and walk, then stores the packet. No gRPC, fusion, ranking or framing."""
     settings = Settings(pg_dsn=target.pg_dsn, redis_url=target.redis_url)
     pool = await connect_and_migrate(settings)
     redis_client = aioredis.Redis.from_url(target.redis_url)
@@ -359,71 +320,66 @@ async def floor_phases(
     def scope() -> Scope:
         return Scope(corpus.TENANT, f"user-{rng.randrange(args.users):05d}")
 
-    async def legs(s: Scope, text: str, vector: Any) -> None:
-        budget = Budget(2.0)
+    async def dense(s: Scope, vector: Any, budget: Budget) -> None:
+        async with pool.acquire() as conn:
+            await dense_hits(
+                conn, s, vector, DEFAULT_KINDS, model_id=model_id, limit=50,
+                exact_max_rows=2000, as_of=None, budget=budget,
+            )  # fmt: skip
 
-        async def dense() -> None:
-            async with pool.acquire() as conn:
-                await dense_hits(
-                    conn, s, vector, DEFAULT_KINDS, model_id=model_id, limit=50,
-                    exact_max_rows=2000, as_of=None, budget=budget, delays={},
-                )  # fmt: skip
-
-        async def lexical() -> None:
-            async with pool.acquire() as conn:
-                await lexical_hits(
-                    conn,
-                    s,
-                    text,
-                    DEFAULT_KINDS,
-                    limit=50,
-                    exact_max_rows=2000,
-                    as_of=None,
-                    budget=budget,
-                    delays={},
-                )
-
-        await asyncio.gather(dense(), lexical()) if text else await dense()
+    async def lexical(s: Scope, text: str, budget: Budget) -> None:
+        async with pool.acquire() as conn:
+            await lexical_hits(
+                conn, s, text, DEFAULT_KINDS, limit=50, exact_max_rows=2000, as_of=None,
+                budget=budget,
+            )  # fmt: skip
 
     async def recall_text(_i: int) -> str:
-        text = next(texts)
-        [vector] = await embedder.embed([text], timeout_s=2.0)
-        await legs(scope(), text, vector)
+        s, text, budget = scope(), next(texts), Budget(DEADLINE_S)
+
+        async def dense_leg() -> None:
+            [vector] = await embedder.embed([text], timeout_s=DEADLINE_S)
+            await dense(s, vector, budget)
+
+        await asyncio.gather(dense_leg(), lexical(s, text, budget))
         return "ok"
 
     async def recall_vector(i: int) -> str:
-        await legs(scope(), "", np.asarray(vectors[i % len(vectors)], dtype=np.float32))
+        vector = np.asarray(vectors[i % len(vectors)], dtype=np.float32)
+        await dense(scope(), vector, Budget(DEADLINE_S))
         return "ok"
 
     warm = [f"user-{u:05d}" for u in range(min(args.users, 200))]
 
+    async def version(s: Scope) -> int:
+        async with pool.acquire() as conn:
+            return await versions.current_version(conn, s.tenant_id, s.user_id)
+
     async def prefetch_cached(i: int) -> str:
         s = Scope(corpus.TENANT, warm[i % len(warm)])
         shape = PrefetchQuery(s, "", "", settings.packet_default_chars).shape()
-
-        async def version() -> int:
-            async with pool.acquire() as conn:
-                return await versions.current_version(conn, s.tenant_id, s.user_id)
-
         # Both round trips at once, as the service makes them.
         current, raw = await asyncio.gather(
-            version(), redis_client.get(packet_key(s.tenant_id, s.user_id, shape))
+            version(s), redis_client.get(packet_key(s.tenant_id, s.user_id, shape))
         )
-        return "hit" if raw and pb.PrefetchResponse.FromString(raw).version == current else "miss"
+        hit = isinstance(raw, bytes) and pb.PrefetchResponse.FromString(raw).version == current
+        return "hit" if hit else "miss"
 
     async def prefetch_built(i: int) -> str:
         s = scope()
         hint = f"{next(texts)} #{i}"
-        [vector] = await embedder.embed([hint], timeout_s=2.0)
+        shape = PrefetchQuery(s, "", hint, settings.packet_default_chars).shape()
+        key = packet_key(s.tenant_id, s.user_id, shape)
+        await asyncio.gather(version(s), redis_client.get(key))
 
         async def core() -> None:
             async with pool.acquire() as conn:
                 await prefetch_sql.core_facts(conn, s, core_role="core", limit=40, timeout_s=2)
 
         async def relevant() -> None:
-            budget = Budget(2.0)
+            budget = Budget(DEADLINE_S)
+            [vector] = await embedder.embed([hint], timeout_s=DEADLINE_S)
             async with pool.acquire() as conn:
-                await versions.current_version(conn, s.tenant_id, s.user_id)
                 topics = await prefetch_sql.topics(
                     conn, s, hint=hint, vector=vector, model_id=model_id, patterns=[],
                     limit=500, timeout_s=2,
@@ -438,28 +394,37 @@ async def floor_phases(
                 )  # fmt: skip
                 await dense_hits(
                     conn, s, vector, (ItemKind.FACT,), model_id=model_id, limit=40,
-                    exact_max_rows=2000, as_of=None, budget=budget, delays={},
+                    exact_max_rows=2000, as_of=None, budget=budget,
                 )  # fmt: skip
                 await lexical_hits(
                     conn, s, hint, (ItemKind.FACT,), limit=40, exact_max_rows=2000, as_of=None,
                     budget=budget,
-                    delays={},
                 )  # fmt: skip
 
         await asyncio.gather(core(), relevant())
+        # The packet stored as the service stores it (a stand-in of a packet's size).
+        pipe = redis_client.pipeline(transaction=True)
+        pipe.set(key, PACKET_STAND_IN, px=settings.packet_ttl_s * 1000)
+        pipe.sadd(user_index_key(s.tenant_id, s.user_id), key)
+        pipe.expire(user_index_key(s.tenant_id, s.user_id), settings.packet_ttl_s)
+        await pipe.execute()
         return "miss"
 
     phases: list[Phase] = []
     try:
-        await open_loop("warm-up", recall_text, rate_per_s=args.rate, count=100)
+        await open_loop(
+            "warm-up", recall_text, rate_per_s=args.rate, count=100, deadline_s=DEADLINE_S
+        )
         for name, call in (
             ("floor Recall text", recall_text),
             ("floor Recall vector", recall_vector),
             ("floor Prefetch cached", prefetch_cached),
             ("floor Prefetch built", prefetch_built),
         ):
-            phase = await open_loop(name, call, rate_per_s=args.rate, count=args.count)
-            print(phase.summary().line(), dict(Counter(phase.outcomes)))
+            phase = await open_loop(
+                name, call, rate_per_s=args.rate, count=args.count, deadline_s=DEADLINE_S
+            )
+            print(phase.summary().line(), phase.outcome_counts())
             phases.append(phase)
         return phases
     finally:
@@ -472,7 +437,7 @@ async def client_vectors(count: int) -> list[list[float]]:
     embedder = OnnxMiniLMEmbedder(intra_op_threads=2)
     try:
         texts = corpus.queries(count, seed=23)
-        out = []
+        out: list[list[float]] = []
         for i in range(0, count, 256):
             out.extend(v.tolist() for v in await embedder.embed(texts[i : i + 256]))
         return out
@@ -530,56 +495,71 @@ def main() -> None:
             return
         floors = asyncio.run(floor_phases(target, args, vectors))
 
-    ratios = {}
     transport = next(p for p in phases if p.name == TRANSPORT).summary()
+    ratios = []
     for phase, floor in zip(phases[:4], floors, strict=True):
         ours, base = phase.summary(), floor.summary()
-        ratios[phase.name] = {
-            "p50": ours.p50_ms / base.p50_ms if base.p50_ms else None,
-            "p99": ours.p99_ms / base.p99_ms if base.p99_ms else None,
-            # What is left once the floor's work and a bare gRPC round trip are taken off.
-            "own_overhead_p50_ms": ours.p50_ms - base.p50_ms - transport.p50_ms,
-        }
+        # What is left once the floor's work and a bare gRPC round trip are taken off.
+        own_ms = ours.p50_ms - base.p50_ms - transport.p50_ms
+        ratios.append(ratio_row(ours, base) | {"own_overhead_p50_ms": round(own_ms, 2)})
         print(
-            f"{phase.name:<16} service/floor p50 x{ratios[phase.name]['p50']:.2f}"
-            f"  p99 x{ratios[phase.name]['p99']:.2f}"
-            f"  (p50 = floor {base.p50_ms:.2f} + transport {transport.p50_ms:.2f}"
-            f" + memsvc {ratios[phase.name]['own_overhead_p50_ms']:+.2f} ms)"
+            f"{ratio_line(ratios[-1])}  (p50 = floor {base.p50_ms:.2f} + transport "
+            f"{transport.p50_ms:.2f} + memsvc {own_ms:+.2f} ms)"
         )
     overload: Phase = capacity["overload"]
-    print(f"capacity (p99 <= {CAPACITY_P99_MS:g} ms): {capacity['capacity_per_s']:g} Recall/s")
-    print(f"overload outcomes: {dict(Counter(overload.outcomes))}")
+    overload_codes = capacity["overload_server_codes"]
+    notes = [
+        f"corpus: {seeded.memories:,} memories and {seeded.messages:,} messages over "
+        f"{args.users:,} users",
+        f"transport (a gRPC Health/Check to the same server): p50 {transport.p50_ms:.2f} ms; "
+        + "; ".join(
+            f"{r['phase']}: floor + transport + memsvc {r['own_overhead_p50_ms']:+.2f} ms at p50"
+            for r in ratios
+        ),
+        f"capacity (text Recall, p99 <= {CAPACITY_P99_MS:g} ms, no error): "
+        f"{capacity['capacity_per_s']:g} calls/s",
+        f"overload at {overload.rate_per_s:g} calls/s with {OVERLOAD_DEADLINE_S * 1000:g} ms "
+        f"deadlines: {overload.outcome_counts()} (as the server answered: {overload_codes})",
+    ]
+    for note in notes[2:]:
+        print(note)
 
-    RESULTS_DIR.mkdir(exist_ok=True)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    out = RESULTS_DIR / f"recall-{stamp}.json"
-    out.write_text(
-        json.dumps(
-            {
-                "args": {k: v for k, v in vars(args).items()},
-                "server_env": server_env,
-                "corpus": asdict(seeded),
-                "phases": {p.name: p.as_dict() for p in phases},
-                "floor": {p.name: p.as_dict() for p in floors},
-                "service_over_floor": ratios,
-                "capacity_per_s": capacity["capacity_per_s"],
-                "server_gc_pauses": capacity["gc_pauses"],
-                "capacity_steps": capacity["steps"],
-                "overload": overload.as_dict()
-                | {
-                    "deadline_s": OVERLOAD_DEADLINE_S,
-                    "server_codes": capacity["overload_server_codes"],
-                },
-            },
-            indent=2,
-        )
+    out, plot = result_paths("recall")
+    write_result(
+        out,
+        {
+            "args": dict(vars(args)),
+            "server_env": server_env,
+            "corpus": asdict(seeded),
+            "phases": {p.name: p.as_dict() for p in phases},
+            "floor": {p.name: p.as_dict() for p in floors},
+            "service_over_floor": ratios,
+            "capacity_per_s": capacity["capacity_per_s"],
+            "server_gc_pauses": capacity["gc_pauses"],
+            "capacity_steps": capacity["steps"],
+            "overload": overload.as_dict()
+            | {"deadline_s": OVERLOAD_DEADLINE_S, "server_codes": overload_codes},
+        },
+        {
+            "title": (
+                f"Recall and Prefetch, {args.rate:g} calls/s open loop, {args.count} calls a "
+                "phase; capacity and overload"
+            ),
+            "rows": [p.summary().as_dict() for p in phases + floors],
+            "ratios": ratios,
+            "notes": notes,
+        },
     )
-    plot = RESULTS_DIR / f"recall-{stamp}.png"
-    series = [
-        (f"{p.name} {p.rate_per_s:g}/s", [x * 1000 for x in p.latencies_s]) for p in phases
-    ] + [(p.name, [x * 1000 for x in p.latencies_s]) for p in floors]
-    latency_cdf_png(plot, series, title="memsvc read path latency (open loop)")
-    print(f"written {out} and {plot}")
+    latency_cdf(
+        plot,
+        [(p.name, p.counted_ms()) for p in phases + floors],
+        title=(
+            f"Recall and Prefetch latency, open loop at {args.rate:g} calls/s (overload: "
+            f"{overload.rate_per_s:g}/s), failed or late calls at the deadline"
+        ),
+        floors={r["floor"]: r["phase"] for r in ratios},
+    )
+    print(f"written {plot}")
 
 
 def write_overload_runs(
@@ -589,15 +569,12 @@ def write_overload_runs(
     for run in runs:
         totals.update(run["outcomes"])
     print(f"overload outcomes over {len(runs)} runs: {dict(totals)}")
-    RESULTS_DIR.mkdir(exist_ok=True)
-    out = RESULTS_DIR / f"overload-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(
-        json.dumps(
-            {"args": vars(args), "server_env": server_env, "runs": runs, "totals": totals},
-            indent=2,
-        )
+    out, _plot = result_paths("overload")
+    write_result(
+        out,
+        {"args": vars(args), "server_env": server_env, "runs": runs, "totals": totals},
+        {"title": f"Overload only, {len(runs)} runs", "rows": [], "ratios": [], "notes": []},
     )
-    print(f"written {out}")
 
 
 if __name__ == "__main__":

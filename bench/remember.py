@@ -1,99 +1,130 @@
 """Remember latency over gRPC (open loop, fixed rate) against the floor (same work, direct).
 
-python -m bench.remember [--rate 50] [--count 1000]
+    python -m bench.remember [--rate 50] [--count 1000]
+
+Two phases, each over gRPC to `memsvc serve` in its own process and then as the floor:
+new facts (a duplicate check, an embedding, the INSERT and the version bump in one
+transaction, the cache invalidation) and reinforcements of facts already stored (no
+embedding; the upsert reinforces). The floor is that embedding and those SQL and Redis
+calls made directly from this process with asyncpg and redis (bench/direct_writes.py).
+Results: bench/results/remember-*.json and a latency CDF plot remember-*.png.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import time
+from collections.abc import Callable
 
 import grpc
 import redis.asyncio as aioredis
 
-from bench.harness import RESULTS_DIR, Summary, Target, open_loop, served_stack, summarize
-from memsvc.cache.invalidation import PacketInvalidator
-from memsvc.concurrency.deadline import Budget
+from bench import direct_writes
+from bench.harness import (
+    Call,
+    Phase,
+    Target,
+    open_loop,
+    ratio_line,
+    ratio_row,
+    result_paths,
+    served_stack,
+    write_result,
+)
+from bench.plots import latency_cdf
 from memsvc.config import Settings
 from memsvc.embedding.onnx_minilm import OnnxMiniLMEmbedder
-from memsvc.memories.service import MemoryService
-from memsvc.storage.model import NewMemory, Scope
+from memsvc.storage.model import Scope
 from memsvc.storage.pool import connect_and_migrate
 from memsvc.v1 import memory_pb2 as pb
 from memsvc.v1 import memory_pb2_grpc
 
 USERS = 100
+DEADLINE_S = 2.0
+WARM_UP = 50
 
 
 def content(i: int, tag: str) -> str:
     return f"{tag} fact {i}: user {i % USERS} mentioned they enjoy hiking near lake number {i}"
 
 
-async def bench_grpc(target: Target, rate: float, count: int) -> list[Summary]:
+def fact(i: int, count: int, phase: str) -> tuple[str, int]:
+    """(user, fact number) of call ``i``: a new fact, or one of the first ``USERS`` facts the
+    "new" phase stored (fact k belongs to user k % USERS), each reinforced count/USERS times."""
+    if phase == "warm-up":
+        return f"u{i % USERS}", count * 10 + i
+    n = i if phase == "new" else i % USERS
+    return f"u{n % USERS}", n
+
+
+async def bench_grpc(target: Target, rate: float, count: int) -> list[Phase]:
     metadata = (("x-api-key", target.api_key),)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{target.port}") as channel:
         stub = memory_pb2_grpc.MemoryServiceStub(channel)
 
-        async def new_fact(i: int) -> None:
-            await stub.Remember(
-                pb.RememberRequest(
-                    scope=pb.Scope(user_id=f"u{i % USERS}"), content=content(i, "grpc")
-                ),
-                metadata=metadata,
-                timeout=2,
-            )
+        def remember(phase: str) -> Call:
+            async def call(i: int) -> str:
+                user, n = fact(i, count, phase)
+                reply = await stub.Remember(
+                    pb.RememberRequest(scope=pb.Scope(user_id=user), content=content(n, "grpc")),
+                    metadata=metadata,
+                    timeout=DEADLINE_S,
+                )
+                return "reinforced" if reply.reinforced else "new"
 
-        async def duplicate(i: int) -> None:
-            await stub.Remember(
-                pb.RememberRequest(
-                    scope=pb.Scope(user_id=f"u{i % USERS}"), content=content(i % 50, "grpc")
-                ),
-                metadata=metadata,
-                timeout=2,
-            )
+            return call
 
-        await open_loop(lambda i: new_fact(count * 10 + i), rate_per_s=rate, count=50)  # warm-up
-        out = []
-        lat, err, wall = await open_loop(new_fact, rate_per_s=rate, count=count)
-        out.append(summarize("grpc Remember (new)", lat, err, wall))
-        lat, err, wall = await open_loop(duplicate, rate_per_s=rate, count=count)
-        out.append(summarize("grpc Remember (reinforce)", lat, err, wall))
-        return out
+        return await phases("grpc", remember, rate, count)
 
 
-async def bench_floor(target: Target, rate: float, count: int) -> list[Summary]:
-    """The same embed + SQL transaction + Redis invalidation, called directly in this process."""
+async def bench_floor(target: Target, rate: float, count: int) -> list[Phase]:
+    """The same embedding, SQL statements and Redis calls, made directly in this process."""
     settings = Settings(pg_dsn=target.pg_dsn, redis_url=target.redis_url)
     pool = await connect_and_migrate(settings)
     client = aioredis.Redis.from_url(target.redis_url)
     embedder = OnnxMiniLMEmbedder(intra_op_threads=1)
-    service = MemoryService(
-        pool,
-        embedder,
-        PacketInvalidator(client, timeout_s=0.05),
-        acquire_timeout_s=1.0,
-        embed_timeout_s=2.0,
-    )
     try:
 
-        async def new_fact(i: int) -> None:
-            await service.remember(
-                Scope("floor", f"u{i % USERS}"),
-                NewMemory(
-                    content=content(i, "floor"), category="context", role="context", confidence=0.9
-                ),
-                Budget(2.0),
-            )
+        def remember(phase: str) -> Call:
+            async def call(i: int) -> str:
+                user, n = fact(i, count, phase)
+                return await direct_writes.remember(
+                    pool,
+                    client,
+                    embedder,
+                    # Its own tenant: the floor's facts never meet the service's.
+                    Scope("floor", user),
+                    content(n, "floor"),
+                    timeout_s=DEADLINE_S,
+                )
 
-        await open_loop(lambda i: new_fact(count * 10 + i), rate_per_s=rate, count=50)
-        lat, err, wall = await open_loop(new_fact, rate_per_s=rate, count=count)
-        return [summarize("floor Remember (new)", lat, err, wall)]
+            return call
+
+        return await phases("floor", remember, rate, count)
     finally:
         await embedder.aclose()
         await client.aclose()
         await pool.close()
+
+
+async def phases(
+    prefix: str, remember: Callable[[str], Call], rate: float, count: int
+) -> list[Phase]:
+    await open_loop(
+        "warm-up", remember("warm-up"), rate_per_s=rate, count=WARM_UP, deadline_s=DEADLINE_S
+    )
+    out = []
+    for phase, label in (("new", "new"), ("reinforce", "reinforce")):
+        run = await open_loop(
+            f"{prefix} Remember ({label})",
+            remember(phase),
+            rate_per_s=rate,
+            count=count,
+            deadline_s=DEADLINE_S,
+        )
+        print(run.summary().line(), run.outcome_counts())
+        out.append(run)
+    return out
 
 
 def main() -> None:
@@ -102,29 +133,40 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=1000)
     args = parser.parse_args()
     with served_stack() as target:
-        grpc_results = asyncio.run(bench_grpc(target, args.rate, args.count))
-        floor_results = asyncio.run(bench_floor(target, args.rate, args.count))
-    results = grpc_results + floor_results
-    for r in results:
-        print(r.line())
-    ratio_p50 = grpc_results[0].p50_ms / floor_results[0].p50_ms
-    ratio_p99 = grpc_results[0].p99_ms / floor_results[0].p99_ms
-    print(f"service / floor (new facts): p50 x{ratio_p50:.2f}, p99 x{ratio_p99:.2f}")
-    RESULTS_DIR.mkdir(exist_ok=True)
-    out = RESULTS_DIR / f"remember-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(
-        json.dumps(
-            {
-                "rate_per_s": args.rate,
-                "count": args.count,
-                "results": [r.as_dict() for r in results],
-                "ratio_p50": ratio_p50,
-                "ratio_p99": ratio_p99,
-            },
-            indent=2,
-        )
+        grpc_phases = asyncio.run(bench_grpc(target, args.rate, args.count))
+        floor_phases = asyncio.run(bench_floor(target, args.rate, args.count))
+    ratios = [
+        ratio_row(ours.summary(), floor.summary())
+        for ours, floor in zip(grpc_phases, floor_phases, strict=True)
+    ]
+    for row in ratios:
+        print(ratio_line(row))
+    out, plot = result_paths("remember")
+    every = grpc_phases + floor_phases
+    write_result(
+        out,
+        {
+            "rate_per_s": args.rate,
+            "count": args.count,
+            "phases": {p.name: p.as_dict() for p in every},
+        },
+        {
+            "title": f"Remember, {args.rate:g} calls/s open loop, {args.count} calls a phase",
+            "rows": [p.summary().as_dict() for p in every],
+            "ratios": ratios,
+            "notes": [
+                f"reinforce: the first {USERS} facts of the new phase again; "
+                + ", ".join(f"{p.name}: {p.outcome_counts()}" for p in every[1::2])
+            ],
+        },
     )
-    print(f"written {out}")
+    latency_cdf(
+        plot,
+        [(p.name, p.counted_ms()) for p in every],
+        title=f"Remember latency, {args.rate:g} calls/s open loop (failed calls at the deadline)",
+        floors={r["floor"]: r["phase"] for r in ratios},
+    )
+    print(f"written {plot}")
 
 
 if __name__ == "__main__":

@@ -8,9 +8,10 @@ seeds every user with a few memories through Remember, then sends calls at a fix
 whether or not earlier ones returned, each RPC drawn from the mix. Reported, and written to
 bench/results/soak-*.json:
 
-- per 30-second window (of scheduled time) and RPC: calls, latency p50/p95/p99/max of the
-  answered calls (from each call's scheduled start), errors by status code, degraded
-  answers, Prefetch cache outcomes;
+- per 30-second window (of scheduled time) and RPC: calls, latency p50/p95/p99 over every
+  call (from its scheduled start; a failed or late call counted at its deadline) and over
+  the calls answered in time, errors by status code, degraded answers, Prefetch cache
+  outcomes; plotted over time with the server's RSS (soak-*.png);
 - errors by status code over the whole run;
 - the server process's RSS (VmRSS) every few seconds, its growth, and the outbox backlog;
 - at the end, once the workers have drained: every acknowledged Ingest is DONE (by
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import random
 import time
 import uuid
@@ -40,7 +42,16 @@ import numpy as np
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from bench import corpus
-from bench.harness import RESULTS_DIR, Target, served_stack
+from bench.harness import (
+    LATE,
+    Target,
+    paced,
+    result_paths,
+    served_stack,
+    summarize,
+    write_result,
+)
+from bench.plots import latency_over_time
 from memsvc.v1 import memory_pb2 as pb
 from memsvc.v1 import memory_pb2_grpc
 
@@ -214,8 +225,6 @@ async def drive(
     """Open loop: call i is due at i / rate whatever happened to the others."""
     rpcs, weights = list(mix), list(mix.values())
     interval = 1.0 / rate
-    count = int(seconds * rate)
-    start = time.perf_counter()
     tasks: set[asyncio.Task[None]] = set()
 
     async def one(i: int, rpc: str, due: float) -> None:
@@ -223,20 +232,20 @@ async def drive(
             outcome = await client.call(i, rpc, soak)
         except grpc.aio.AioRpcError as exc:
             outcome = Outcome(rpc, 0, 0, exc.code().name)
-        outcome.scheduled_s = due - start
+        outcome.scheduled_s = i * interval
         outcome.latency_s = time.perf_counter() - due
+        if outcome.code == "OK" and outcome.latency_s > DEADLINE_S[rpc]:
+            outcome.code = LATE  # answered, but after the caller's deadline
         soak.outcomes.append(outcome)
 
-    for i in range(count):
-        due = start + i * interval
-        delay = due - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        elif delay < -interval:
+    def start_call(i: int, due: float) -> None:
+        if time.perf_counter() - due > interval:
             soak.late_starts += 1  # the client itself fell behind (shows in latency too)
         task = asyncio.create_task(one(i, client.rng.choices(rpcs, weights)[0], due))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
+
+    await paced(start_call, rate_per_s=rate, count=int(seconds * rate))
     if tasks:
         await asyncio.wait(set(tasks))
 
@@ -274,24 +283,27 @@ async def sample(target: Target, soak: Soak, every_s: float, stop: asyncio.Event
         await conn.close()
 
 
-def percentiles(latencies_s: list[float]) -> dict[str, float | None]:
-    if not latencies_s:
-        return {"p50_ms": None, "p95_ms": None, "p99_ms": None, "max_ms": None}
-    ms = np.asarray(latencies_s) * 1000
-    return {
-        "p50_ms": round(float(np.percentile(ms, 50)), 1),
-        "p95_ms": round(float(np.percentile(ms, 95)), 1),
-        "p99_ms": round(float(np.percentile(ms, 99)), 1),
-        "max_ms": round(float(ms.max()), 1),
-    }
+def _rounded(value: object) -> object:
+    """A figure for the JSON: floats to 0.1 ms, none (null) where there was no call."""
+    if isinstance(value, float):
+        return None if math.isnan(value) else round(value, 1)
+    return value
 
 
-def summarize(outcomes: list[Outcome]) -> dict[str, Any]:
+def rpc_summary(rpc: str, outcomes: list[Outcome], wall_s: float) -> dict[str, Any]:
+    """One RPC's calls: percentiles over all of them (a failed or late call at the RPC's
+    deadline) and over the OK ones, errors by code, degraded answers, cache outcomes."""
+    figures = summarize(
+        rpc,
+        [o.latency_s for o in outcomes],
+        ["ok" if o.code == "OK" else o.code for o in outcomes],
+        DEADLINE_S[rpc],
+        wall_s,
+    ).as_dict()
     ok = [o for o in outcomes if o.code == "OK"]
     summary: dict[str, Any] = {
-        "calls": len(outcomes),
-        **percentiles([o.latency_s for o in ok]),
-        "errors": dict(Counter(o.code for o in outcomes if o.code != "OK")),
+        **{k: _rounded(v) for k, v in figures.items()},
+        "errors_by_code": dict(Counter(o.code for o in outcomes if o.code != "OK")),
         "degraded": sum(o.degraded for o in ok),
     }
     caches = Counter(o.cache for o in ok if o.cache)
@@ -311,7 +323,7 @@ def windows(outcomes: list[Outcome], window_s: float) -> list[dict[str, Any]]:
             {
                 "start_s": w * window_s,
                 "rpcs": {
-                    rpc: summarize([o for o in calls if o.rpc == rpc])
+                    rpc: rpc_summary(rpc, [o for o in calls if o.rpc == rpc], window_s)
                     for rpc in RPCS
                     if any(o.rpc == rpc for o in calls)
                 },
@@ -421,19 +433,70 @@ async def check_exactly_once(client: Client, target: Target, soak: Soak) -> dict
 
 
 def print_windows(rows: list[dict[str, Any]]) -> None:
-    print(f"{'window':>8} {'rpc':<9} {'n':>5} {'p50':>7} {'p95':>7} {'p99':>7} {'max':>7}  errors")
+    print(
+        f"{'window':>8} {'rpc':<9} {'n':>5} {'p50':>7} {'p95':>7} {'p99':>7} {'OK p99':>7} "
+        f"{'max':>7}  errors (p50-p99: all calls, a failed or late one at its deadline)"
+    )
     for row in rows:
         for rpc, s in row["rpcs"].items():
             cells = [
                 f"{s[k]:7.1f}" if s[k] is not None else f"{'-':>7}"
-                for k in ("p50_ms", "p95_ms", "p99_ms", "max_ms")
+                for k in ("p50_ms", "p95_ms", "p99_ms", "ok_p99_ms", "max_ms")
             ]
-            extra = dict(s["errors"])
+            extra = dict(s["errors_by_code"])
             if s["degraded"]:
                 extra["degraded"] = s["degraded"]
             print(
                 f"{row['start_s']:>7.0f}s {rpc:<9} {s['calls']:>5} {' '.join(cells)}  {extra or ''}"
             )
+
+
+def plot(path: Path, result: dict[str, Any]) -> None:
+    """p50 and p99 (all calls) of each RPC per window, over the server's RSS."""
+    rows = result["windows"]
+    lines = [
+        (
+            f"{rpc} {p}",
+            [row["rpcs"][rpc][f"{p}_ms"] if rpc in row["rpcs"] else None for row in rows],
+        )
+        for rpc in RPCS
+        for p in ("p50", "p99")
+        if any(rpc in row["rpcs"] for row in rows)
+    ]
+    config = result["config"]
+    latency_over_time(
+        path,
+        [row["start_s"] for row in rows],
+        lines,
+        title=(
+            f"Soak: {config['rate_per_s']:g} calls/s for {config['minutes']:g} min, latency per "
+            f"{config['window_s']:g} s window (failed or late calls at the deadline)"
+        ),
+        rss=result["server_rss"]["samples"],
+        traffic_s=result["traffic_s"],
+    )
+
+
+def report(result: dict[str, Any]) -> dict[str, Any]:
+    """What bench/RESULTS.md shows of a soak."""
+    config, rss, once = result["config"], result["server_rss"], result["exactly_once"]
+    mix = ", ".join(f"{rpc} {share:.0%}" for rpc, share in config["mix"].items())
+    return {
+        "title": (
+            f"Soak, {config['rate_per_s']:g} calls/s open loop for {config['minutes']:g} min "
+            f"({mix}), workers on"
+        ),
+        "rows": [result["overall"][rpc] for rpc in RPCS if result["overall"][rpc]["calls"]],
+        "ratios": [],
+        "notes": [
+            f"errors by status: {result['errors_by_status'] or 'none'}",
+            f"server RSS {rss.get('start_mb')} -> {rss.get('end_mb')} MB, trend after the "
+            f"first window {rss.get('trend_after_first_window_mb_per_min')} MB/min",
+            f"outbox drained {result['outbox_drained_after_s']} s after the traffic stopped; "
+            f"exactly once: {once['exactly_once']} ({once['acknowledged']} acknowledged, "
+            f"{once['dead_jobs']} dead)",
+        ],
+    }
 
 
 async def run(target: Target, args: argparse.Namespace) -> dict[str, Any]:
@@ -457,7 +520,9 @@ async def run(target: Target, args: argparse.Namespace) -> dict[str, Any]:
 
     per_window = windows(soak.outcomes, args.window_s)
     print_windows(per_window)
-    overall = {rpc: summarize([o for o in soak.outcomes if o.rpc == rpc]) for rpc in RPCS}
+    overall = {
+        rpc: rpc_summary(rpc, [o for o in soak.outcomes if o.rpc == rpc], traffic_s) for rpc in RPCS
+    }
     errors = dict(Counter(o.code for o in soak.outcomes if o.code != "OK"))
     rss = rss_summary(soak.rss, settle_s=args.window_s)
     print("overall:", json.dumps(overall))
@@ -504,10 +569,10 @@ def main() -> None:
     parse_mix(args.mix)  # fail before starting anything
     with served_stack() as target:
         result = asyncio.run(run(target, args))
-    RESULTS_DIR.mkdir(exist_ok=True)
-    out = RESULTS_DIR / f"soak-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(json.dumps(result, indent=2))
-    print(f"wrote {out}")
+    out, png = result_paths("soak")
+    write_result(out, result, report(result))
+    plot(png, result)
+    print(f"written {png}")
     if not result["exactly_once"]["exactly_once"]:
         raise SystemExit("not every acknowledged Ingest was extracted exactly once")
 
