@@ -113,12 +113,19 @@ class _Acquire:
             await self._pool.release(lent._conn)
 
 
+# Which service each stage belongs to: Prefetch also runs the dense and lexical statements
+# (for its hint), and those stay fast there, as slowing "dense" means slowing Recall's leg.
+RECALL_STAGES = frozenset({"dense", "lexical"})
+
+
 def slow_stages(server: MemsvcServer, delays_ms: Mapping[str, float]) -> None:
     """From now on, the server's Recall and Prefetch sleep in PostgreSQL at the given stages."""
-    if not delays_ms:
-        return
+    delays_s = {stage: ms / 1000 for stage, ms in delays_ms.items()}
+    recall = {k: v for k, v in delays_s.items() if k in RECALL_STAGES}
+    prefetch = {k: v for k, v in delays_s.items() if k not in RECALL_STAGES}
     runtime = server.runtime
-    slowed = SlowedPool(runtime.pool, {stage: ms / 1000 for stage, ms in delays_ms.items()})
-    # The services keep the pool they were built with; the test swaps in the slowed one.
-    runtime.recall._pool = slowed  # type: ignore[assignment]
-    runtime.prefetch._pool = slowed  # type: ignore[assignment]
+    # The services keep the pool they were built with; the test swaps in a slowed one.
+    if recall:
+        runtime.recall._pool = SlowedPool(runtime.pool, recall)  # type: ignore[assignment]
+    if prefetch:
+        runtime.prefetch._pool = SlowedPool(runtime.pool, prefetch)  # type: ignore[assignment]
