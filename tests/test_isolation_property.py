@@ -109,10 +109,14 @@ class Fact:
 
     def visible_from(self, caller: Where) -> bool:
         own = self.where
+        # all_personas crosses persona scopes only, never into or out of the human's own.
+        same_persona = own.persona == caller.persona or (
+            self.all_personas and own.persona != "" and caller.persona != ""
+        )
         return (
             own.tenant == caller.tenant
             and own.user == caller.user
-            and (own.persona == caller.persona or self.all_personas)
+            and same_persona
             and (own.agent == caller.agent or self.all_agents)
         )
 
@@ -696,8 +700,9 @@ async def test_correct_or_forget_of_a_foreign_id_is_not_found_and_changes_nothin
     world: World, pool: asyncpg.Pool, server: MemsvcServer, data: st.DataObject
 ) -> None:
     caller = data.draw(world.scopes(), label="caller")
-    foreign = [f for f in world.facts.values() if not f.visible_from(caller)]
-    own = sorted(m for m, f in world.facts.items() if f.visible_from(caller))
+    # Sharing grants reads only: a memory shared into the caller's scope is foreign here too.
+    foreign = [f for f in world.facts.values() if f.where != caller]
+    own = sorted(m for m, f in world.facts.items() if f.where == caller)
     # Half the time a nearest miss: a memory whose scope differs from the caller's in one
     # name only (tenant, user, persona or agent).
     near = [f for f in foreign if f.where in set(neighbours(world, caller))]

@@ -205,25 +205,36 @@ def test_lexical_statement_has_the_fallback_only_for_cjk(with_as_of: bool) -> No
 # -- post-filter -------------------------------------------------------------------------------
 
 
+NOVA = Scope("t1", "alice", persona_id="nova")
+ECHO = Scope("t1", "alice", persona_id="echo")
+
+
 @pytest.mark.parametrize(
-    ("owner", "shared_agents", "shared_personas", "seen"),
+    ("caller", "owner", "shared_agents", "shared_personas", "seen"),
     [
-        (ME, False, False, True),
-        (Scope("t2", "alice"), False, False, False),
-        (Scope("t1", "bob"), False, False, False),
-        (Scope("t1", "alice", persona_id="nova"), False, False, False),
-        (Scope("t1", "alice", agent_id="bot"), False, False, False),
-        (Scope("t1", "alice", agent_id="bot"), True, False, True),
-        (Scope("t1", "alice", persona_id="nova"), False, True, True),
-        (Scope("t2", "alice", agent_id="bot"), True, True, False),
+        (ME, ME, False, False, True),
+        (ME, Scope("t2", "alice"), False, False, False),
+        (ME, Scope("t1", "bob"), False, False, False),
+        (ME, NOVA, False, False, False),
+        (ME, Scope("t1", "alice", agent_id="bot"), False, False, False),
+        (ME, Scope("t1", "alice", agent_id="bot"), True, False, True),
+        (ME, Scope("t2", "alice", agent_id="bot"), True, True, False),
+        # all_personas crosses persona scopes only, never into or out of the human's own.
+        (ECHO, NOVA, False, False, False),
+        (ECHO, NOVA, False, True, True),
+        (ME, NOVA, True, True, False),
+        (NOVA, ME, True, True, False),
+        (ECHO, Scope("t1", "alice", persona_id="nova", agent_id="bot"), True, True, True),
     ],
 )
-def test_post_filter(owner: Scope, shared_agents: bool, shared_personas: bool, seen: bool) -> None:
+def test_post_filter(
+    caller: Scope, owner: Scope, shared_agents: bool, shared_personas: bool, seen: bool
+) -> None:
     h = hit("x", scope=owner, shared_agents=shared_agents, shared_personas=shared_personas)
-    assert visible(ME, h) is seen
-    assert keep_visible(ME, [h]) == ([h] if seen else [])
+    assert visible(caller, h) is seen
+    assert keep_visible(caller, [h]) == ([h] if seen else [])
     r = record("x", scope=owner, sharing=Sharing(shared_agents, shared_personas))
-    assert memory_visible(ME, r) is seen
+    assert memory_visible(caller, r) is seen
 
 
 # -- embedding LRU -----------------------------------------------------------------------------

@@ -624,7 +624,7 @@ class ExtractionPipeline:
         )
         old = None
         if supersede and verdict.target is not None:
-            old = await memories.get_visible(conn, scope, verdict.target.memory_id, for_update=True)
+            old = await memories.get_owned(conn, scope, verdict.target.memory_id, for_update=True)
         if old is not None and old.invalid_at is None:
             new_id = uuid.uuid4()
             await memories.mark_superseded(conn, old, new_id, invalid_at=candidate.valid_from)

@@ -132,7 +132,7 @@ class MemoryService:
             if self._compactor is not None:
                 # Before any row lock: the order every core writer takes them in.
                 await self._compactor.lock(conn, scope)
-            old = await store.get_visible(conn, scope, memory_id, for_update=True)
+            old = await store.get_owned(conn, scope, memory_id, for_update=True)
             if old is None:
                 raise NotFound(f"memory {memory_id} not found in this scope")
             compactor = self._core_compactor(pinned=old.pinned, role=old.role)
@@ -199,7 +199,7 @@ class MemoryService:
 
         async def corrects_core() -> bool:
             async with acquire(self._pool, budget, timeout_s=self._acquire_timeout_s) as conn:
-                old = await store.get_visible(conn, scope, memory_id)
+                old = await store.get_owned(conn, scope, memory_id)
             return old is not None and self._guard.is_core(old.role, old.pinned)
 
         return await self._guard.screen_correction(
@@ -227,7 +227,7 @@ class MemoryService:
             elif all_in_scope:
                 deleted = await erasure.erase_scope(conn, scope)
             else:
-                found = await store.visible_lineages(conn, scope, memory_ids)
+                found = await store.owned_lineages(conn, scope, memory_ids)
                 missing = [str(m) for m in memory_ids if m not in found]
                 if missing:
                     raise NotFound(

@@ -15,25 +15,38 @@ from memsvc.storage.model import MemoryRecord, Scope
 log = logging.getLogger(__name__)
 
 
-def visible(scope: Scope, hit: Hit) -> bool:
-    """Same tenant and user; persona and agent equal, unless explicitly shared across them."""
-    own = hit.scope
+def _visible(scope: Scope, own: Scope, *, all_agents: bool, all_personas: bool) -> bool:
+    """storage.conditions.visible in code: same tenant and user; persona and agent equal,
+    unless explicitly shared across them. all_personas crosses persona scopes only: the
+    human's own scope (persona_id "") and the persona scopes never see each other."""
+    same_persona = own.persona_id == scope.persona_id or (
+        all_personas and own.persona_id != "" and scope.persona_id != ""
+    )
     return (
         own.tenant_id == scope.tenant_id
         and own.user_id == scope.user_id
-        and (own.persona_id == scope.persona_id or hit.shared_all_personas)
-        and (own.agent_id == scope.agent_id or hit.shared_all_agents)
+        and same_persona
+        and (own.agent_id == scope.agent_id or all_agents)
+    )
+
+
+def visible(scope: Scope, hit: Hit) -> bool:
+    """Whether the caller's scope may see the hit."""
+    return _visible(
+        scope,
+        hit.scope,
+        all_agents=hit.shared_all_agents,
+        all_personas=hit.shared_all_personas,
     )
 
 
 def memory_visible(scope: Scope, record: MemoryRecord) -> bool:
     """The same rule for a memory row outside a Hit (Prefetch's sections)."""
-    own = record.scope
-    return (
-        own.tenant_id == scope.tenant_id
-        and own.user_id == scope.user_id
-        and (own.persona_id == scope.persona_id or record.sharing.all_personas)
-        and (own.agent_id == scope.agent_id or record.sharing.all_agents)
+    return _visible(
+        scope,
+        record.scope,
+        all_agents=record.sharing.all_agents,
+        all_personas=record.sharing.all_personas,
     )
 
 

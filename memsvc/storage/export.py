@@ -16,7 +16,7 @@ from typing import Any
 
 import asyncpg
 
-from memsvc.storage.conditions import not_expired
+from memsvc.storage.conditions import not_expired, visible
 from memsvc.storage.connection import Connection
 from memsvc.storage.model import Scope
 from memsvc.storage.references import last_referenced_sql
@@ -50,14 +50,11 @@ def _owner(subject: Subject, alias: str) -> tuple[str, list[Any]]:
 def memories(subject: Subject, at: datetime) -> Statement:
     """Every version of every memory, lineages oldest first, versions oldest first. An exact
     scope exports what its reads can show: its own rows and rows of the same user explicitly
-    shared into it (the rule of storage.memories.VISIBLE)."""
+    shared into it (the rule of storage.conditions.visible)."""
     if subject.whole_user:
         where, args = _owner(subject, "m")
     else:
-        where = (
-            "m.tenant_id = $1 AND m.user_id = $2 AND (m.persona_id = $3 OR m.shared_all_personas)"
-            " AND (m.agent_id = $4 OR m.shared_all_agents)"
-        )
+        where = visible("m")
         args = list(subject.scope.key)
     args.append(at)
     return (

@@ -11,7 +11,7 @@ import asyncpg
 import numpy as np
 
 from memsvc.storage import retention
-from memsvc.storage.conditions import NOT_EXPIRED, VISIBLE, not_expired
+from memsvc.storage.conditions import EXACT_SCOPE, NOT_EXPIRED, VISIBLE, not_expired
 from memsvc.storage.connection import Connection
 from memsvc.storage.model import ListQuery, MemoryRecord, NewMemory, Page, Scope, Sharing
 from memsvc.storage.projections import projection
@@ -180,14 +180,25 @@ async def insert_or_reinforce(
     return record_from_row(row), bool(row["reinforced"])
 
 
-async def get_visible(
+async def get_visible(conn: Connection, scope: Scope, memory_id: uuid.UUID) -> MemoryRecord | None:
+    """One unexpired memory visible from the scope (any status): for reads."""
+    return await _get(conn, VISIBLE, scope, memory_id, for_update=False)
+
+
+async def get_owned(
     conn: Connection, scope: Scope, memory_id: uuid.UUID, *, for_update: bool = False
 ) -> MemoryRecord | None:
-    """One unexpired memory visible from the scope (any status), optionally row-locked."""
+    """One unexpired memory written in exactly the scope (any status), optionally row-locked:
+    for changes, since sharing grants reads, never changes by others."""
+    return await _get(conn, EXACT_SCOPE, scope, memory_id, for_update=for_update)
+
+
+async def _get(
+    conn: Connection, where: str, scope: Scope, memory_id: uuid.UUID, *, for_update: bool
+) -> MemoryRecord | None:
     lock = " FOR UPDATE" if for_update else ""
     row = await conn.fetchrow(
-        f"SELECT {_COLUMNS} FROM memories WHERE {VISIBLE} AND memory_id = $5"
-        f" AND {NOT_EXPIRED}{lock}",
+        f"SELECT {_COLUMNS} FROM memories WHERE {where} AND memory_id = $5 AND {NOT_EXPIRED}{lock}",
         *scope.key,
         memory_id,
     )
@@ -263,12 +274,13 @@ async def list_page(conn: Connection, scope: Scope, query: ListQuery) -> Page:
     return Page(records, next_after)
 
 
-async def visible_lineages(
+async def owned_lineages(
     conn: Connection, scope: Scope, memory_ids: Sequence[uuid.UUID]
 ) -> dict[uuid.UUID, uuid.UUID]:
-    """memory_id -> lineage_id for the ids visible from the scope (missing ids are absent)."""
+    """memory_id -> lineage_id for the ids written in exactly the scope (others are absent,
+    shared ones included: sharing grants reads, never deletion by others)."""
     rows = await conn.fetch(
-        f"SELECT memory_id, lineage_id FROM memories WHERE {VISIBLE}"
+        f"SELECT memory_id, lineage_id FROM memories WHERE {EXACT_SCOPE}"
         " AND memory_id = ANY($5::uuid[])",
         *scope.key,
         list(memory_ids),

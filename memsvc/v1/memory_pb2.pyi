@@ -256,7 +256,8 @@ class Scope(_message.Message):
     """Required. The human the memory is about (1..128 chars, no control chars)."""
     persona_id: _builtins.str
     """Empty: the human's own memory. Set: that virtual persona's memory. The
-    two never see each other.
+    two never see each other, in either direction, whatever the sharing
+    (Sharing.all_personas crosses persona scopes only).
     """
     agent_id: _builtins.str
     """Empty: memory not tied to one assistant instance. Set: only that agent's."""
@@ -277,8 +278,9 @@ Global___Scope: _TypeAlias = Scope  # noqa: Y015
 
 @_typing.final
 class Sharing(_message.Message):
-    """Explicit sharing, declared on write and never implied. A shared memory is
-    visible from every agent (or persona) of the same user.
+    """Explicit sharing, declared on write and never implied. Sharing grants reads
+    only: Correct and Forget (memory_ids) act on memories written in exactly the
+    caller's scope, and a memory shared into it is NOT_FOUND there.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -286,9 +288,13 @@ class Sharing(_message.Message):
     ALL_AGENTS_FIELD_NUMBER: _builtins.int
     ALL_PERSONAS_FIELD_NUMBER: _builtins.int
     all_agents: _builtins.bool
-    """Visible from every agent_id of the same user (and persona). Default false."""
+    """Visible from every agent_id of the same user and persona_id. Default false."""
     all_personas: _builtins.bool
-    """Visible from every persona_id of the same user. Default false."""
+    """Visible from every other persona scope (persona_id set) of the same user.
+    Never crosses between the human's own scope (persona_id empty) and the
+    persona scopes, in either direction: on a memory of the human's own scope
+    it has no effect. Default false.
+    """
     def __init__(
         self,
         *,
@@ -653,7 +659,11 @@ class ForgetRequest(_message.Message):
 
     @_builtins.property
     def memory_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Either memory_ids (at most 1,000) or all_in_scope, or erase_user."""
+        """Either memory_ids (at most 1,000) or all_in_scope, or erase_user. Each id
+        must be a memory written in exactly this scope (one shared into it from
+        another agent or persona is NOT_FOUND, as an unknown id); if any is not,
+        nothing is deleted.
+        """
 
     def __init__(
         self,
