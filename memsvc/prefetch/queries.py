@@ -1,7 +1,7 @@
 """SQL of the Prefetch walk. Every statement takes the scope as $1..$4 and filters by it.
 
 Topics and episodes belong to exactly one scope (no sharing); facts honour explicit sharing
-(storage.memories.VISIBLE), so a fact reached through an edge is shown only if the caller's
+(storage.conditions.VISIBLE), so a fact reached through an edge is shown only if the caller's
 scope may see it.
 """
 

@@ -1,7 +1,7 @@
 """Where each item kind lives: its table, scope and time predicates, text, and row -> Hit.
 
 Every predicate takes the scope as $1..$4 (tenant, user, persona, agent), so the legs can
-compose them. Facts honour explicit sharing (storage.memories.VISIBLE); episodes and messages
+compose them. Facts honour explicit sharing (storage.conditions.VISIBLE); episodes and messages
 have no sharing and match all three scope fields exactly.
 
 Every kind selects the same columns (``ROW_COLUMNS``; NULL where a kind has no such field), so
