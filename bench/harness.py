@@ -138,7 +138,9 @@ def _wait_serving(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 1
 
 
 # Answers: plain, degraded (a leg missing), Prefetch cache outcomes, Remember new or reinforced.
-OK_OUTCOMES = frozenset({"ok", "degraded", "hit", "miss", "bypassed", "new", "reinforced"})
+OK_OUTCOMES = frozenset(
+    {"ok", "degraded", "hit", "miss", "bypassed", "skipped", "new", "reinforced"}
+)
 LATE = "late"
 
 

@@ -156,6 +156,7 @@ class Client:
             pb.CACHE_STATUS_HIT: "hit",
             pb.CACHE_STATUS_MISS: "miss",
             pb.CACHE_STATUS_BYPASSED: "bypassed",
+            pb.CACHE_STATUS_SKIPPED: "skipped",
         }[reply.cache]
 
     async def health(self, _i: int) -> str:

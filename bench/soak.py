@@ -73,6 +73,7 @@ CACHE = {
     pb.CACHE_STATUS_HIT: "hit",
     pb.CACHE_STATUS_MISS: "miss",
     pb.CACHE_STATUS_BYPASSED: "bypassed",
+    pb.CACHE_STATUS_SKIPPED: "skipped",
 }
 
 

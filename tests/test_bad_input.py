@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime, timedelta
 
 import grpc
 import pytest
@@ -11,6 +12,13 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from memsvc.v1 import memory_pb2 as pb
 from tests.conftest import Caller
 from tests.test_explicit_memory import list_all, remember, scope
+
+_NOW = datetime.now(UTC)
+
+
+def _stamp(when: datetime) -> Timestamp:
+    return Timestamp(seconds=int(when.timestamp()))
+
 
 BAD_REMEMBER = [
     ({"scope": scope(), "content": ""}, "content"),
@@ -35,6 +43,25 @@ BAD_REMEMBER = [
     ({"scope": scope(), "content": "x", "source_message_ids": [""]}, "source_message_ids[0]"),
     ({"scope": scope(), "content": "x", "subject": "s" * 201}, "subject"),
     ({"scope": scope(), "content": "x", "valid_from": Timestamp(seconds=-(10**11))}, "valid_from"),
+    # A triple is all three parts or none.
+    ({"scope": scope(), "content": "x", "subject": "user"}, "predicate"),
+    ({"scope": scope(), "content": "x", "predicate": "lives_in"}, "subject"),
+    ({"scope": scope(), "content": "x", "object": "Lisbon"}, "subject"),
+    ({"scope": scope(), "content": "x", "subject": "user", "predicate": "lives_in"}, "object"),
+    ({"scope": scope(), "content": "x", "subject": "user", "object": "Lisbon"}, "predicate"),
+    (
+        {"scope": scope(), "content": "x", "subject": "user", "predicate": "  ", "object": "L"},
+        "predicate",
+    ),
+    # A fact that begins to hold in 2100 is a plan, not a current memory.
+    (
+        {"scope": scope(), "content": "x", "valid_from": _stamp(datetime(2100, 1, 1, tzinfo=UTC))},
+        "valid_from",
+    ),
+    (
+        {"scope": scope(), "content": "x", "valid_from": _stamp(_NOW + timedelta(days=2))},
+        "valid_from",
+    ),
 ]
 
 
@@ -48,6 +75,33 @@ async def test_bad_remember_is_invalid_and_writes_nothing(
     assert (err.value.details() or "").startswith(field_name)
     assert await list_all(caller) == []
     assert await list_all(caller, pb.Scope(user_id="alice", persona_id="p" * 10)) == []
+
+
+async def test_a_partial_triple_names_what_is_missing(caller: Caller) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await caller.stub.Remember(
+            pb.RememberRequest(scope=scope(), content="Lives in Lisbon", subject="user")
+        )
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    details = err.value.details() or ""
+    assert "all three or none" in details
+    assert "got subject without predicate, object" in details
+
+
+async def test_valid_from_in_the_past_or_within_a_day_of_now_is_kept(caller: Caller) -> None:
+    """The bounds are inclusive of real uses: a 1901 birth date, and a client clock a bit ahead."""
+    for when in (datetime(1901, 5, 1, tzinfo=UTC), datetime.now(UTC) + timedelta(hours=12)):
+        reply = await remember(caller, f"held since {when.year}", valid_from=_stamp(when))
+        assert reply.memory.valid_from.seconds == _stamp(when).seconds
+        assert reply.memory.status == pb.MEMORY_STATUS_ACTIVE
+    reply = await remember(
+        caller, "Lives in Lisbon", subject="user", predicate="lives_in", object="Lisbon"
+    )
+    assert (reply.memory.subject, reply.memory.predicate, reply.memory.object) == (
+        "user",
+        "lives_in",
+        "Lisbon",
+    )
 
 
 async def test_bad_ids_and_missing_ones(caller: Caller) -> None:

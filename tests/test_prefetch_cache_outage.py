@@ -1,6 +1,7 @@
 """Prefetch when Redis is down or slow: built from PostgreSQL within the deadline, answered
-with cache: BYPASSED, never an error. Each test runs its own valkey and memsvc, so the
-session's shared ones are not disturbed."""
+with cache: BYPASSED (or SKIPPED when the call's own deadline, not Redis, cut the cache
+short), never an error. Each test runs its own valkey and memsvc, so the session's shared ones
+are not disturbed."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from tests.read_helpers import start_server as start_server  # fixture
 from tests.test_explicit_memory import remember
 
 HIT, MISS, BYPASSED = pb.CACHE_STATUS_HIT, pb.CACHE_STATUS_MISS, pb.CACHE_STATUS_BYPASSED
+SKIPPED = pb.CACHE_STATUS_SKIPPED
 
 
 @pytest.fixture
@@ -81,3 +83,30 @@ async def test_slow_redis_is_bypassed_within_the_deadline(
     finally:
         await admin.execute_command("CLIENT", "UNPAUSE")
         await admin.aclose()
+
+
+async def test_a_deadline_shorter_than_the_redis_timeout_is_skipped_not_bypassed(
+    caller: Caller, valkey: EmbeddedValkey, start_server: StartServer
+) -> None:
+    # Redis may take 5 s, and a failure would pause the cache for a minute: a call whose own
+    # 0.5 s deadline runs out first says nothing about Redis.
+    _srv, channel = await start_server(
+        redis_url=valkey.url, redis_timeout_ms=5000, cache_retry_after_ms=60_000
+    )
+    own = stub_for(channel, caller)
+    request = pb.PrefetchRequest(scope=pscope(), session_id="s")
+    await remember(caller, "Prefers window seats")
+    assert (await own.Prefetch(request, timeout=2)).cache == MISS
+    assert (await own.Prefetch(request, timeout=2)).cache == HIT
+
+    admin = aioredis.Redis.from_url(valkey.url)
+    try:
+        await admin.execute_command("CLIENT", "PAUSE", 1500, "ALL")
+        cut = await own.Prefetch(request, timeout=0.5)
+        assert cut.cache == SKIPPED
+        # UNPAUSE is itself held until the pause ends: this returns when Redis answers again.
+        await admin.execute_command("CLIENT", "UNPAUSE")
+    finally:
+        await admin.aclose()
+    # Redis was never down, so the cache was not paused: the next call is a hit at once.
+    assert (await own.Prefetch(request, timeout=2)).cache == HIT

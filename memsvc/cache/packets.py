@@ -25,10 +25,15 @@ class CacheStatus(enum.StrEnum):
     HIT = "hit"
     MISS = "miss"
     BYPASSED = "bypassed"
+    SKIPPED = "skipped"
 
 
 class CacheUnavailable(Exception):
     """Redis did not answer in time, failed, or is in its retry-after pause."""
+
+
+class CacheDeadline(CacheUnavailable):
+    """The caller's budget, shorter than the Redis timeout, ran out before Redis answered."""
 
 
 class PacketCache:
@@ -51,6 +56,13 @@ class PacketCache:
         if time.monotonic() < self._down_until:
             raise CacheUnavailable("cache paused after a recent failure")
 
+    def _timed_out(self, exc: TimeoutError, budget_s: float) -> CacheUnavailable:
+        # A call whose deadline was nearly spent says nothing about Redis: pausing the cache
+        # for every other call (and calling it down) would be wrong.
+        if budget_s < self._timeout_s:
+            return CacheDeadline("the call's deadline ran out before Redis answered")
+        return self._failed(exc)
+
     def _failed(self, exc: BaseException) -> CacheUnavailable:
         self.failures += 1
         self._down_until = time.monotonic() + self._retry_after_s
@@ -64,7 +76,9 @@ class PacketCache:
             async with asyncio.timeout(min(self._timeout_s, budget_s)):
                 value: bytes | str | None = await self._client.get(key)
                 return value.encode() if isinstance(value, str) else value
-        except (RedisError, OSError, TimeoutError) as exc:
+        except TimeoutError as exc:
+            raise self._timed_out(exc, budget_s) from exc
+        except (RedisError, OSError) as exc:
             raise self._failed(exc) from exc
 
     async def put(
@@ -93,5 +107,7 @@ class PacketCache:
                 # The index outlives each packet it lists by at most one TTL.
                 pipe.expire(index_key, self._ttl_s)
                 await pipe.execute()
-        except (RedisError, OSError, TimeoutError) as exc:
+        except TimeoutError as exc:
+            raise self._timed_out(exc, budget_s) from exc
+        except (RedisError, OSError) as exc:
             raise self._failed(exc) from exc

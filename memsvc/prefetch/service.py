@@ -4,7 +4,8 @@
    this (user, request shape) from Redis. The version is read before any content, so a
    packet built after reading v holds data at least as new as v; the cached one is served
    only when it was built at the current version. Redis down or slow: build anyway and
-   answer ``cache: BYPASSED``.
+   answer ``cache: BYPASSED``; the call's own deadline cut the cache short (Redis may be
+   fine): ``cache: SKIPPED``.
 2. Otherwise build once per (key, version) (single flight), as two legs on their own
    connections: "core" (pinned/core and persona facts) and "relevant" (hint embedding,
    topic ranking, episode walk, relevant facts). A leg not done when the budget runs out is
@@ -28,7 +29,7 @@ from typing import Any
 import asyncpg
 
 from memsvc.cache.keys import packet_key, user_index_key
-from memsvc.cache.packets import CacheStatus, CacheUnavailable, PacketCache
+from memsvc.cache.packets import CacheDeadline, CacheStatus, CacheUnavailable, PacketCache
 from memsvc.concurrency.deadline import Budget
 from memsvc.concurrency.fanout import LegRunner, late
 from memsvc.concurrency.loop_lag import LoopLag
@@ -157,6 +158,8 @@ class _Build:
     stored: bool | None  # None: not attempted (degraded, or cache unavailable)
     embed_ms: float
     cache_ms: float
+    # Why a put failed: BYPASSED (Redis failed or slow) or SKIPPED (the deadline ran out).
+    put_status: CacheStatus | None = None
 
 
 class PrefetchService:
@@ -204,13 +207,13 @@ class PrefetchService:
             await asyncio.gather(lookup, return_exceptions=True)
             timings.total_ms = (time.perf_counter() - started) * 1000
             nothing = codec.to_proto(_empty(0, degraded=True))
-            return PrefetchResult("", nothing, CacheStatus.BYPASSED, timings)
+            return PrefetchResult("", nothing, CacheStatus.SKIPPED, timings)
         wire, status, timings.cache_ms = await lookup
         if wire is not None and not _servable(wire, version):
             wire, status = None, CacheStatus.MISS
 
         if wire is None:
-            use_cache = status is not CacheStatus.BYPASSED
+            use_cache = status is CacheStatus.MISS
             build_started = time.perf_counter()
             try:
                 result, _joined = await self._flights.do(
@@ -224,7 +227,7 @@ class PrefetchService:
                 if result.from_cache:
                     status = CacheStatus.HIT
                 elif use_cache and result.stored is False:
-                    status = CacheStatus.BYPASSED
+                    status = result.put_status or CacheStatus.BYPASSED
             except TimeoutError:
                 # Joined someone else's build and it outlasted this call's budget.
                 wire = codec.to_proto(_empty(version, degraded=True))
@@ -267,6 +270,8 @@ class PrefetchService:
         status = CacheStatus.MISS
         try:
             raw = await self._cache.get(key, budget_s=budget.remaining())
+        except CacheDeadline:
+            raw, status = None, CacheStatus.SKIPPED
         except CacheUnavailable:
             raw, status = None, CacheStatus.BYPASSED
         if raw is not None:
@@ -323,6 +328,7 @@ class PrefetchService:
         encoded = codec.encode(built)
 
         stored: bool | None = None
+        put_status: CacheStatus | None = None
         cache_ms = 0.0
         # Version 0 is "nothing stored", and also what an erased user reads again: a packet
         # built then could hold what the erasure removed. It is cheap to build; never cache it.
@@ -337,11 +343,18 @@ class PrefetchService:
                     max_ttl_ms=expiry.max_ttl_ms(built, datetime.now(UTC)),
                 )
                 stored = True
+            except CacheDeadline:
+                stored, put_status = False, CacheStatus.SKIPPED
             except CacheUnavailable:
-                stored = False
+                stored, put_status = False, CacheStatus.BYPASSED
             cache_ms = (time.perf_counter() - cache_started) * 1000
         return _Build(
-            encoded, from_cache=False, stored=stored, embed_ms=relevant.embed_ms, cache_ms=cache_ms
+            encoded,
+            from_cache=False,
+            stored=stored,
+            embed_ms=relevant.embed_ms,
+            cache_ms=cache_ms,
+            put_status=put_status,
         )
 
     async def _core_leg(self, query: PrefetchQuery, budget: Budget) -> _CoreParts:

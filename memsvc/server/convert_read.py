@@ -24,6 +24,7 @@ _CACHE = {
     CacheStatus.HIT: pb.CACHE_STATUS_HIT,
     CacheStatus.MISS: pb.CACHE_STATUS_MISS,
     CacheStatus.BYPASSED: pb.CACHE_STATUS_BYPASSED,
+    CacheStatus.SKIPPED: pb.CACHE_STATUS_SKIPPED,
 }
 
 

@@ -8,7 +8,7 @@ import math
 import unicodedata
 import uuid
 from collections.abc import Iterable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
@@ -131,6 +131,39 @@ def timestamp(ts: Timestamp, field: str) -> datetime:
     return value
 
 
+# A memory is what holds now: a valid_from later than this allowance for clock skew after the
+# server's clock is a plan, not a memory, and would be stored as active all the same.
+VALID_FROM_FUTURE_SKEW = timedelta(days=1)
+
+
+def valid_from(ts: Timestamp) -> datetime:
+    """When a remembered fact began to hold: from 1900 up to a day after now."""
+    value = timestamp(ts, "valid_from")
+    latest = datetime.now(UTC) + VALID_FROM_FUTURE_SKEW
+    if value > latest:
+        raise InvalidArgument(
+            f"valid_from: {value.isoformat()} is in the future; at most 1 day after now "
+            "(a fact that only holds later is not a current memory)"
+        )
+    return value
+
+
+def triple(request: pb.RememberRequest) -> tuple[str, str, str]:
+    """subject, predicate and object: all three set, or none."""
+    parts = {
+        name: short_text(getattr(request, name), name, MAX_TRIPLE_CHARS)
+        for name in ("subject", "predicate", "object")
+    }
+    missing = [name for name, text in parts.items() if not text]
+    if len(missing) not in (0, 3):
+        given = ", ".join(name for name in parts if name not in missing)
+        raise InvalidArgument(
+            f"{missing[0]}: subject, predicate and object go together (all three or none); "
+            f"got {given} without {', '.join(missing)}"
+        )
+    return parts["subject"], parts["predicate"], parts["object"]
+
+
 # A memory's time to live: at least a second, at most ten years (leap days included).
 MIN_TTL_S = 1
 MAX_TTL_S = 3_653 * 86_400
@@ -170,23 +203,22 @@ def retention(request: pb.RememberRequest, session_id: str, settings: Settings) 
 
 def remember(request: pb.RememberRequest, settings: Settings) -> NewMemory:
     session_id = identifier(request.session_id, "session_id", settings, required=False)
+    subject, predicate, object_ = triple(request)
     return NewMemory(
         content=content(request.content, "content", settings),
         category=vocabulary(request.category, "category", settings.categories, "context"),
         role=vocabulary(request.role, "role", settings.roles, "context"),
         confidence=confidence(request.confidence),
         pinned=request.pinned,
-        subject=short_text(request.subject, "subject", MAX_TRIPLE_CHARS),
-        predicate=short_text(request.predicate, "predicate", MAX_TRIPLE_CHARS),
-        object=short_text(request.object, "object", MAX_TRIPLE_CHARS),
+        subject=subject,
+        predicate=predicate,
+        object=object_,
         source_message_ids=id_list(
             request.source_message_ids, "source_message_ids", settings, settings.max_source_ids
         ),
         session_id=session_id,
         sharing=Sharing(request.sharing.all_agents, request.sharing.all_personas),
-        valid_from=(
-            timestamp(request.valid_from, "valid_from") if request.HasField("valid_from") else None
-        ),
+        valid_from=valid_from(request.valid_from) if request.HasField("valid_from") else None,
         **retention(request, session_id, settings),
     )
 

@@ -102,7 +102,15 @@ class _CacheStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_CacheStat
     CACHE_STATUS_MISS: _CacheStatus.ValueType  # 2
     """Built from PostgreSQL and stored in the cache."""
     CACHE_STATUS_BYPASSED: _CacheStatus.ValueType  # 3
-    """Redis down or slow: built from PostgreSQL, not stored (the answer is still complete)."""
+    """Redis down or slow (it failed, or did not answer within MEMSVC_REDIS_TIMEOUT_MS, or is
+    paused after such a failure): built from PostgreSQL, not stored (the answer is still
+    complete).
+    """
+    CACHE_STATUS_SKIPPED: _CacheStatus.ValueType  # 4
+    """Not consulted, or not written: this call's own deadline ran out before Redis answered
+    (Redis itself may be fine, and is not paused). Built from PostgreSQL as far as the
+    deadline allowed (see `degraded`), not stored.
+    """
 
 class CacheStatus(_CacheStatus, metaclass=_CacheStatusEnumTypeWrapper):
     """Where a Prefetch packet came from."""
@@ -114,7 +122,15 @@ CACHE_STATUS_HIT: CacheStatus.ValueType  # 1
 CACHE_STATUS_MISS: CacheStatus.ValueType  # 2
 """Built from PostgreSQL and stored in the cache."""
 CACHE_STATUS_BYPASSED: CacheStatus.ValueType  # 3
-"""Redis down or slow: built from PostgreSQL, not stored (the answer is still complete)."""
+"""Redis down or slow (it failed, or did not answer within MEMSVC_REDIS_TIMEOUT_MS, or is
+paused after such a failure): built from PostgreSQL, not stored (the answer is still
+complete).
+"""
+CACHE_STATUS_SKIPPED: CacheStatus.ValueType  # 4
+"""Not consulted, or not written: this call's own deadline ran out before Redis answered
+(Redis itself may be fine, and is not paused). Built from PostgreSQL as far as the
+deadline allowed (see `degraded`), not stored.
+"""
 Global___CacheStatus: _TypeAlias = CacheStatus  # noqa: Y015
 
 class _ItemType:
@@ -508,11 +524,14 @@ class RememberRequest(_message.Message):
     session_id: _builtins.str
     """Optional session it was learned in (at most 128 chars)."""
     subject: _builtins.str
-    """Optional triple subject (set subject, predicate and object together, or none)."""
+    """Optional triple subject (e.g. "user"), at most 200 chars. Set subject, predicate and
+    object together, or none: one or two of them is INVALID_ARGUMENT naming the missing
+    ones, and nothing is written.
+    """
     predicate: _builtins.str
-    """Optional triple predicate."""
+    """Optional triple predicate (e.g. "lives_in"), at most 200 chars; with subject and object."""
     object: _builtins.str
-    """Optional triple object."""
+    """Optional triple object (e.g. "Lisbon"), at most 200 chars; with subject and predicate."""
     retention_policy: Global___RetentionPolicy.ValueType
     """How long to keep it; unset means USER_CONTROLLED. SESSION needs session_id; TTL
     needs ttl.
@@ -531,7 +550,11 @@ class RememberRequest(_message.Message):
 
     @_builtins.property
     def valid_from(self) -> _timestamp_pb2.Timestamp:
-        """When the fact began to hold; unset means now."""
+        """When the fact began to hold; unset means now. From 1900-01-01 (a birth date, a
+        family history) to at most 1 day after the server's clock (an allowance for clock
+        skew): a fact that only holds later is a plan, not a current memory, and is
+        INVALID_ARGUMENT.
+        """
 
     @_builtins.property
     def ttl(self) -> _duration_pb2.Duration:
@@ -876,9 +899,15 @@ class PacketBudget(_message.Message):
     CHARS_FIELD_NUMBER: _builtins.int
     TOKENS_FIELD_NUMBER: _builtins.int
     chars: _builtins.int
-    """Characters of the whole packet text; 0 means the default (4,000). At most 32,000."""
+    """Characters of the whole packet text: 600..32,000; 0 means the default (4,000).
+    Outside the range: INVALID_ARGUMENT. (Server settings MEMSVC_PACKET_MIN_CHARS,
+    MEMSVC_PACKET_MAX_CHARS and MEMSVC_PACKET_DEFAULT_CHARS; the values above are their
+    defaults.) The minimum leaves room for the framing and the withheld notes.
+    """
     tokens: _builtins.int
-    """Optional token limit, counted conservatively (never under-counted); 0 means none."""
+    """Optional token limit, counted conservatively (never under-counted): 600..32,000, the
+    same range as chars; 0 means none. Outside the range: INVALID_ARGUMENT.
+    """
     def __init__(
         self,
         *,
