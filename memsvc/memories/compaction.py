@@ -92,8 +92,15 @@ class CoreLimits:
 
 @dataclass(frozen=True)
 class CompactionResult:
-    demoted: tuple[uuid.UUID, ...] = ()
+    """What one compaction did: the memories it demoted, as they are now, lowest priority
+    first (the order they were displaced in), and the summary written, if any."""
+
+    displaced: tuple[MemoryRecord, ...] = ()
     summary_id: uuid.UUID | None = None
+
+    @property
+    def demoted(self) -> tuple[uuid.UUID, ...]:
+        return tuple(r.memory_id for r in self.displaced)
 
 
 def block_chars(records: Iterable[MemoryRecord]) -> int:
@@ -189,7 +196,8 @@ class CoreCompactor:
         budget_s: float | None = None,
     ) -> CompactionResult:
         """Bring the scope's core block within its limit; call inside the write's transaction
-        after ``lock``. Returns what was demoted (and the summary written, if any)."""
+        after ``lock``. Returns what was demoted, in the order displaced (and the summary
+        written, if any): the caller reports it, so no explicit pin is lost silently."""
         limit = self.limits.limit(scope)
         if not limit:
             return CompactionResult()
@@ -202,8 +210,8 @@ class CoreCompactor:
             result = await self._summarize(conn, scope, records, limit, protect, now, budget_s)
         if result is None:
             chosen = plan(records, limit, now=now, policy=self._policy, protect=protect)
-            await store.demote(conn, scope, [r.memory_id for r in chosen])
-            result = CompactionResult(tuple(r.memory_id for r in chosen))
+            displaced = await store.demote(conn, scope, [r.memory_id for r in chosen])
+            result = CompactionResult(tuple(displaced))
             metrics.CORE_COMPACTIONS.labels(
                 "demote" if self._summarizer is None else "fallback"
             ).inc()
@@ -271,9 +279,11 @@ class CoreCompactor:
             embedding=embedding,
             embedding_model=self._embedder.model_id if self._embedder is not None else "",
         )
-        await store.demote(conn, scope, [r.memory_id for r in chosen], into=record.memory_id)
+        displaced = await store.demote(
+            conn, scope, [r.memory_id for r in chosen], into=record.memory_id
+        )
         metrics.CORE_COMPACTIONS.labels("summarize").inc()
-        return CompactionResult(tuple(r.memory_id for r in chosen), record.memory_id)
+        return CompactionResult(tuple(displaced), record.memory_id)
 
     async def _embed(self, text: str) -> np.ndarray | None:
         if self._embedder is None:

@@ -33,12 +33,14 @@ CORRECTED_CONFIDENCE = 1.0
 
 
 class Remembered(NamedTuple):
-    """What Remember did: the row, whether an identical memory was reinforced, and the
-    labels of the personal data redacted from it."""
+    """What Remember did: the row, whether an identical memory was reinforced, the labels
+    of the personal data redacted from it, and the memories it displaced from the core
+    block (as they are now, in the order displaced)."""
 
     record: MemoryRecord
     reinforced: bool
     redactions: tuple[str, ...] = ()
+    displaced: tuple[MemoryRecord, ...] = ()
 
 
 class MemoryService:
@@ -104,17 +106,24 @@ class MemoryService:
                     embedding=embedding,
                     embedding_model=self._embedder.model_id,
                 )
+                displaced: tuple[MemoryRecord, ...] = ()
                 if compactor is not None:
-                    await compactor.enforce(
+                    compacted = await compactor.enforce(
                         conn,
                         scope,
                         protect={record.memory_id},
                         path="remember",
                         budget_s=budget.remaining(),
                     )
+                    displaced = compacted.displaced
                 await versions.bump_version(conn, scope.tenant_id, scope.user_id)
         await self._invalidator.drop_user(scope.tenant_id, scope.user_id)
-        return Remembered(self._decorate(record), reinforced, redactions)
+        return Remembered(
+            self._decorate(record),
+            reinforced,
+            redactions,
+            tuple(self._decorate(r) for r in displaced),
+        )
 
     async def correct(
         self, scope: Scope, memory_id: uuid.UUID, new_content: str, reason: str, budget: Budget

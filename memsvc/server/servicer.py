@@ -165,6 +165,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
                 memory=wire.memory(done.record),
                 reinforced=done.reinforced,
                 redactions=done.redactions,
+                displaced=[wire.memory(r) for r in done.displaced],
             )
 
         return await self._run(

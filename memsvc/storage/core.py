@@ -32,17 +32,20 @@ async def demote(
     memory_ids: Sequence[uuid.UUID],
     *,
     into: uuid.UUID | None = None,
-) -> int:
+) -> list[MemoryRecord]:
     """Make core memories ordinary facts (role context, unpinned), keeping their id, content
-    and history; what they were is kept in demoted_role / demoted_pinned."""
+    and history; what they were is kept in demoted_role / demoted_pinned. Returns the rows
+    as they are now, in the order of ``memory_ids``."""
     if not memory_ids:
-        return 0
-    status: str = await conn.execute(
+        return []
+    rows = await conn.fetch(
         f"UPDATE memories SET demoted_role = role, demoted_pinned = pinned,"
         f" role = '{DEMOTED_ROLE}', pinned = false, demoted_at = now(), demoted_into = $6"
-        f" WHERE {_EXACT} AND memory_id = ANY($5::uuid[]) AND invalid_at IS NULL",
+        f" WHERE {_EXACT} AND memory_id = ANY($5::uuid[]) AND invalid_at IS NULL"
+        f" RETURNING {COLUMNS}",
         *scope.key,
         list(memory_ids),
         into,
     )
-    return int(status.rsplit(" ", 1)[-1])
+    demoted = {r.memory_id: r for r in map(record_from_row, rows)}
+    return [demoted[i] for i in memory_ids if i in demoted]

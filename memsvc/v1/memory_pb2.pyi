@@ -596,6 +596,7 @@ class RememberResponse(_message.Message):
     MEMORY_FIELD_NUMBER: _builtins.int
     REINFORCED_FIELD_NUMBER: _builtins.int
     REDACTIONS_FIELD_NUMBER: _builtins.int
+    DISPLACED_FIELD_NUMBER: _builtins.int
     reinforced: _builtins.bool
     """True when an identical active memory existed and was reinforced."""
     @_builtins.property
@@ -608,16 +609,30 @@ class RememberResponse(_message.Message):
         tenant's "redact" policy; empty when nothing was redacted.
         """
 
+    @_builtins.property
+    def displaced(self) -> _containers.RepeatedCompositeFieldContainer[Global___Memory]:
+        """The memories this call moved out of the core block to make room for `memory` when a
+        pinned or core-role write overflowed the scope's core-memory limit (2,000 characters by
+        default), in the order they were displaced: lowest priority first (unpinned before
+        pinned, then lower effective confidence, fewer reinforcements, least recently referenced,
+        oldest), so earlier explicit pins can be among them. Each is shown as it is now: unpinned,
+        role "context", demoted_at set; it keeps its id, content and history and stays in
+        ListMemories and Recall (re-pin it with Remember to bring it back). With a summarizing
+        extractor they were folded into one new core memory (origin "compaction"), which is not
+        listed here. Empty when nothing was displaced.
+        """
+
     def __init__(
         self,
         *,
         memory: Global___Memory | None = ...,
         reinforced: _builtins.bool = ...,
         redactions: _abc.Iterable[_builtins.str] | None = ...,
+        displaced: _abc.Iterable[Global___Memory] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["memory", b"memory"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["memory", b"memory", "redactions", b"redactions", "reinforced", b"reinforced"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["displaced", b"displaced", "memory", b"memory", "redactions", b"redactions", "reinforced", b"reinforced"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
