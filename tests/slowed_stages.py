@@ -80,9 +80,9 @@ class SlowedPool:
     def acquire(self, *, timeout: float | None = None) -> _Acquire:
         return _Acquire(self._pool, timeout, self._delays_s)
 
-    async def release(self, conn: Any) -> None:
+    async def release(self, conn: Any, **kwargs: Any) -> None:
         raw = conn._conn if isinstance(conn, _SlowedConnection) else conn
-        await self._pool.release(raw)
+        await self._pool.release(raw, **kwargs)
 
 
 class _Acquire:

@@ -8,6 +8,7 @@ caller's deadline, and the abandoned database work must really stop.
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from collections.abc import Awaitable
 from typing import Any
@@ -16,9 +17,12 @@ import asyncpg
 import grpc
 import pytest
 
+from memsvc.concurrency.deadline import Budget
+from memsvc.config import Settings
 from memsvc.retrieval.dense import dense_sql
 from memsvc.retrieval.lexical import lexical_sql
 from memsvc.retrieval.query import DEFAULT_KINDS
+from memsvc.storage.pool import acquire
 from memsvc.v1 import memory_pb2 as pb
 from tests.conftest import Caller
 from tests.read_helpers import StartServer, pscope, stub_for
@@ -212,6 +216,50 @@ async def test_overload_is_shed_with_resource_exhausted(
         await s.Recall(pb.RecallRequest(scope=pscope(), query=query), timeout=1.0)
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert (await first).degraded
+
+
+async def test_a_leg_cancelled_on_a_spent_budget_keeps_its_connection_and_nothing_leaks(
+    settings: Settings, pool: asyncpg.Pool
+) -> None:
+    # Issue 15. A leg that took its connection with almost no budget left (the dense leg
+    # after a slow embed) used to give it back with that same sliver as the release bound:
+    # asyncpg then dropped the connection while its cancel request was still connecting,
+    # which cancelled asyncpg's own cancel task and could leave "Future exception was never
+    # retrieved ... ConnectionError('unexpected connection_lost() call')" on the loop.
+    loop = asyncio.get_running_loop()
+    reports: list[dict[str, Any]] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, context: reports.append(context))
+    assert settings.pg_dsn is not None
+    one: asyncpg.Pool = await asyncpg.create_pool(settings.pg_dsn, min_size=1, max_size=1)
+    try:
+        async with one.acquire() as conn:
+            pid = conn.get_server_pid()
+
+        async def leg(tag: str) -> None:
+            # A spent budget: acquire waits at most its 1 ms floor (the connection is idle).
+            async with acquire(one, Budget(0), timeout_s=1.0, busy_is_late=True) as conn:
+                await conn.execute(f"SELECT pg_sleep({SLOW_S}) /* {tag} */")
+
+        for round_ in range(5):
+            tag = f"{MARKER}:spent-{round_}"
+            task = asyncio.create_task(leg(tag))
+            deadline = time.monotonic() + 2.0
+            while not await active_queries(pool, tag):
+                assert time.monotonic() < deadline, "the leg's query never reached the server"
+                await asyncio.sleep(0.01)
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await eventually_none(pool, tag)
+            # The cancel was acknowledged and the connection went back to the pool (the
+            # same server process), not dropped.
+            async with one.acquire() as conn:
+                assert conn.get_server_pid() == pid, f"round {round_}: connection dropped"
+        gc.collect()  # an unretrieved future reports itself when collected
+    finally:
+        await one.close()
+        loop.set_exception_handler(previous)
+    assert [(r.get("message"), r.get("exception")) for r in reports] == []
 
 
 # -- Prefetch -------------------------------------------------------------------------------

@@ -18,6 +18,15 @@ from memsvc.storage.migrate import migrate
 # pgvector 0.8: when filters drop rows an HNSW scan returned, keep scanning instead of
 # answering short; relaxed order, so callers re-sort by distance (Recall's large-scope path).
 SERVER_SETTINGS = {"hnsw.iterative_scan": "relaxed_order"}
+# How long a release may wait for a cancelled statement's cancel request to be acknowledged.
+# Not the acquire wait: a read leg takes its connection with whatever budget is left (a
+# sliver after a slow embed), and asyncpg bounds the release by that same timeout unless
+# told otherwise. On timeout asyncpg drops the connection, which cancels its own cancel
+# request mid-connect: the query may run on, and a connect cancelled at the wrong moment
+# leaves "Future exception was never retrieved ... unexpected connection_lost() call" on
+# the loop (issue 15). A read leg releases in the background (fanout.LegRunner), so the
+# answer never waits for this; the acknowledgement normally takes a few milliseconds.
+RELEASE_TIMEOUT_S = 5.0
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
@@ -63,7 +72,8 @@ async def acquire(
     Waiting is bounded by the smaller of the budget and `timeout_s`. When no connection frees
     up in that time, a call answers a fast RESOURCE_EXHAUSTED (the client may retry), while a
     read leg (`busy_is_late`) raises TimeoutError: it is late, like a slow leg, and the answer
-    goes on without it. Release is asyncpg's own (shielded from cancellation).
+    goes on without it. Release is asyncpg's own (shielded from cancellation), bounded by
+    RELEASE_TIMEOUT_S rather than by the acquire wait.
     """
     try:
         conn = await pool.acquire(timeout=max(budget.cap(timeout_s), 0.001))
@@ -74,4 +84,4 @@ async def acquire(
     try:
         yield conn
     finally:
-        await pool.release(conn)
+        await pool.release(conn, timeout=RELEASE_TIMEOUT_S)
