@@ -39,7 +39,7 @@ async def test_unreachable_embedder_stores_the_memory_unembedded(
     )
     scope = Scope("t-embed-failure", "alice")
     try:
-        record, reinforced, _ = await service.remember(
+        done = await service.remember(
             scope,
             NewMemory(
                 content="Speaks Portuguese", category="profile", role="context", confidence=0.9
@@ -49,7 +49,8 @@ async def test_unreachable_embedder_stores_the_memory_unembedded(
     finally:
         await client.aclose()
         await embedder.aclose()
-    assert not reinforced
+    assert not done.reinforced and not done.displaced
+    record = done.record
     async with pool.acquire() as conn:
         row = await conn.fetchrow(
             "SELECT embedding IS NULL AS no_vector, embedding_state, content FROM memories"
