@@ -14,6 +14,9 @@ from typing import Any
 DEFAULT_CATEGORIES = ("preference", "profile", "relationship", "goal", "event", "context")
 DEFAULT_ROLES = ("core", "context", "detail", "temporal", "causal")
 ENV_PREFIX = "MEMSVC_"
+# Background work (workers, reconcile, expiry) waits this long for a pooled connection; the
+# default of MEMSVC_WORKER_ACQUIRE_TIMEOUT_MS and of the settings objects built without one.
+WORKER_ACQUIRE_TIMEOUT_S = 10.0
 
 # Reads one variable's text: (variable name for the error message, raw value) -> value.
 Parse = Callable[[str, str], Any]
@@ -242,7 +245,7 @@ class Settings:
     worker_job_timeout_s: float = setting(90.0, "bound on one job (shorter than the lease)")
     worker_max_attempts: int = setting(5, "attempts before a job is `dead`")
     worker_acquire_timeout_ms: int = setting(
-        10_000,
+        int(WORKER_ACQUIRE_TIMEOUT_S * 1000),
         "how long background work (workers, reconcile, expiry) waits for a pooled connection;"
         " longer than a call's, so a busy pool does not use up a job's attempt",
     )

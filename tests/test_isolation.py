@@ -152,6 +152,19 @@ async def seen_from(caller: Caller, sc: pb.Scope, query: str) -> dict[str, set[s
     }
 
 
+async def assert_unseen(caller: Caller, sc: pb.Scope, query: str, word: str) -> None:
+    """Nothing of the shared memory reaches `sc`: no list, recall, prefetch or export id, and
+    not a word of it in the packet text."""
+    assert await seen_from(caller, sc, query) == {
+        "list": set(),
+        "recall": set(),
+        "prefetch": set(),
+        "export": set(),
+    }, sc
+    packet = await prefetch(caller, scope=sc, session_id="s", hint=query)
+    assert word not in packet.text
+
+
 async def test_persona_sharing_never_reaches_the_humans_own_scope(caller: Caller) -> None:
     everywhere = pb.Sharing(all_personas=True, all_agents=True)
     nova = (
@@ -167,14 +180,7 @@ async def test_persona_sharing_never_reaches_the_humans_own_scope(caller: Caller
     for sc in (scope(persona="echo"), scope(persona="echo", agent="bot-1")):
         assert all(nova in ids for ids in (await seen_from(caller, sc, query)).values()), sc
     for sc in (scope(), scope(agent="bot-1")):
-        assert await seen_from(caller, sc, query) == {
-            "list": set(),
-            "recall": set(),
-            "prefetch": set(),
-            "export": set(),
-        }, sc
-        packet = await prefetch(caller, scope=sc, session_id="s", hint=query)
-        assert "Lisbon" not in packet.text
+        await assert_unseen(caller, sc, query, "Lisbon")
 
 
 async def test_human_sharing_never_reaches_a_persona_scope(caller: Caller) -> None:
@@ -194,11 +200,4 @@ async def test_human_sharing_never_reaches_a_persona_scope(caller: Caller) -> No
         human in ids for ids in (await seen_from(caller, scope(agent="bot-1"), query)).values()
     )
     for sc in (scope(persona="nova"), scope(persona="nova", agent="bot-1")):
-        assert await seen_from(caller, sc, query) == {
-            "list": set(),
-            "recall": set(),
-            "prefetch": set(),
-            "export": set(),
-        }, sc
-        packet = await prefetch(caller, scope=sc, session_id="s", hint=query)
-        assert "Lisbon" not in packet.text
+        await assert_unseen(caller, sc, query, "Lisbon")

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import asyncpg
 
 from memsvc.cache.invalidation import PacketInvalidator
+from memsvc.config import WORKER_ACQUIRE_TIMEOUT_S
 from memsvc.observability import metrics
 from memsvc.storage import retention
 
@@ -48,9 +49,8 @@ _INVALIDATE_CONCURRENCY = 32
 class ExpirySettings:
     interval_s: float = 60.0
     batch: int = 500
-    # Background work may wait longer for a connection than a call does
-    # (MEMSVC_PG_ACQUIRE_TIMEOUT_MS); not a setting yet: reported to the lead.
-    acquire_timeout_s: float = 10.0
+    # MEMSVC_WORKER_ACQUIRE_TIMEOUT_MS: longer than a call's wait for a connection.
+    acquire_timeout_s: float = WORKER_ACQUIRE_TIMEOUT_S
 
 
 @dataclass

@@ -21,6 +21,7 @@ import asyncpg
 import numpy as np
 
 from memsvc.cache.invalidation import PacketInvalidator
+from memsvc.config import WORKER_ACQUIRE_TIMEOUT_S
 from memsvc.embedding import Embedder, EmbeddingError
 from memsvc.extraction.base import (
     CandidateEpisode,
@@ -104,10 +105,9 @@ class PipelineSettings:
     embed_timeout_s: float = 10.0
     goal_category: str = "goal"
     goal_role: str = "core"
-    # Background work may wait longer for a connection than a call does
-    # (MEMSVC_PG_ACQUIRE_TIMEOUT_MS): a busy pool is no reason to spend one of the job's
-    # attempts. Not a setting yet: reported to the lead.
-    acquire_timeout_s: float = 10.0
+    # MEMSVC_WORKER_ACQUIRE_TIMEOUT_MS, longer than a call's wait for a connection: a busy
+    # pool is no reason to spend one of the job's attempts.
+    acquire_timeout_s: float = WORKER_ACQUIRE_TIMEOUT_S
 
 
 @dataclass

@@ -6,19 +6,16 @@ import logging
 
 import asyncpg
 
+from memsvc.config import WORKER_ACQUIRE_TIMEOUT_S
 from memsvc.embedding import Embedder, EmbeddingError
 from memsvc.observability import metrics
 from memsvc.storage import projections
 
 log = logging.getLogger(__name__)
 
-# As the pipeline's: background work may wait longer for a connection than a call does.
-# Not a setting yet: reported to the lead.
-ACQUIRE_TIMEOUT_S = 10.0
-
 
 async def mark_stale(
-    pool: asyncpg.Pool, model_id: str, *, acquire_timeout_s: float = ACQUIRE_TIMEOUT_S
+    pool: asyncpg.Pool, model_id: str, *, acquire_timeout_s: float = WORKER_ACQUIRE_TIMEOUT_S
 ) -> int:
     """After a model change, every vector of another model is stale."""
     async with pool.acquire(timeout=acquire_timeout_s) as conn:
@@ -30,7 +27,7 @@ async def reconcile_once(
     embedder: Embedder,
     *,
     batch: int = 64,
-    acquire_timeout_s: float = ACQUIRE_TIMEOUT_S,
+    acquire_timeout_s: float = WORKER_ACQUIRE_TIMEOUT_S,
     embed_timeout_s: float | None = None,
 ) -> int:
     """Re-embed up to `batch` rows per tier whose projection is missing or stale.

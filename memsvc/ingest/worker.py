@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import asyncpg
 
 from memsvc.concurrency.backoff import backoff_delay
+from memsvc.config import WORKER_ACQUIRE_TIMEOUT_S
 from memsvc.ingest.failures import Failure, Verdict, classify
 from memsvc.ingest.pipeline import ExtractionPipeline, Outcome
 from memsvc.observability import metrics
@@ -66,9 +67,9 @@ class WorkerSettings:
     backoff_jitter: float = 1.0
     sweep_interval_s: float = 15.0
     reconcile_interval_s: float = 60.0
-    # Claims, final states and the listener. Background work may wait longer for a
-    # connection than a call does (MEMSVC_PG_ACQUIRE_TIMEOUT_MS); not a setting yet.
-    acquire_timeout_s: float = 10.0
+    # Claims, final states and the listener (MEMSVC_WORKER_ACQUIRE_TIMEOUT_MS): longer than
+    # a call's wait for a connection.
+    acquire_timeout_s: float = WORKER_ACQUIRE_TIMEOUT_S
     statement_timeout_s: float = 5.0
 
 
