@@ -201,16 +201,18 @@ class JSONClient:
             "POST", target, content=payload, timeout=timeout_s
         ) as response:
             # Leaving the block early leaves the reply unread, so httpx closes the connection.
-            too_large = HTTPError(f"{url} failed: the reply is over {self._max_body_bytes} bytes")
             declared = response.headers.get("content-length", "")
             if declared.isdigit() and int(declared) > self._max_body_bytes:
-                raise too_large
+                raise self._too_large(url)
             body = bytearray()
             async for chunk in response.aiter_bytes():  # decompressed: the cap is on what is kept
                 body += chunk
                 if len(body) > self._max_body_bytes:
-                    raise too_large
+                    raise self._too_large(url)
             return response.status_code, bytes(body)
+
+    def _too_large(self, url: str) -> HTTPError:
+        return HTTPError(f"{url} failed: the reply is over {self._max_body_bytes} bytes")
 
 
 def _split_base_url(base_url: str) -> tuple[str, str, bool]:
