@@ -18,6 +18,9 @@ ENV_PREFIX = "MEMSVC_"
 # default of MEMSVC_WORKER_ACQUIRE_TIMEOUT_MS and of the settings objects built without one.
 WORKER_ACQUIRE_TIMEOUT_S = 10.0
 
+# Hand-written for now: pydantic-settings (pydantic is already installed, through spaCy)
+# would replace these parsers and the per-field variable derivation; kept until Settings,
+# a frozen dataclass every layer takes, moves to it in one change with its tests.
 # Reads one variable's text: (variable name for the error message, raw value) -> value.
 Parse = Callable[[str, str], Any]
 
