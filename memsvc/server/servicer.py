@@ -413,3 +413,78 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         return await self._run(
             context, "GetIngestStatus", handle, default_deadline_ms=self._write_deadline()
         )
+
+    # -- core blocks (issue 15) ---------------------------------------------------------------
+
+    async def GetCoreBlocks(
+        self, request: pb.GetCoreBlocksRequest, context: Context
+    ) -> pb.GetCoreBlocksResponse:
+        await self._unimplemented(context, "GetCoreBlocks", "issue 15")
+        raise AssertionError("unreachable")
+
+    async def UpdateCoreBlock(
+        self, request: pb.UpdateCoreBlockRequest, context: Context
+    ) -> pb.UpdateCoreBlockResponse:
+        await self._unimplemented(context, "UpdateCoreBlock", "issue 15")
+        raise AssertionError("unreachable")
+
+    async def GetCoreBlockHistory(
+        self, request: pb.GetCoreBlockHistoryRequest, context: Context
+    ) -> pb.GetCoreBlockHistoryResponse:
+        await self._unimplemented(context, "GetCoreBlockHistory", "issue 15")
+        raise AssertionError("unreachable")
+
+    # -- memory management (issue 15) ---------------------------------------------------------
+
+    async def UpdateMemory(
+        self, request: pb.UpdateMemoryRequest, context: Context
+    ) -> pb.UpdateMemoryResponse:
+        await self._unimplemented(context, "UpdateMemory", "issue 15")
+        raise AssertionError("unreachable")
+
+    async def GetMemory(self, request: pb.GetMemoryRequest, context: Context) -> pb.Memory:
+        await self._unimplemented(context, "GetMemory", "issue 15")
+        raise AssertionError("unreachable")
+
+    # -- sessions and episodes (issue 15) -----------------------------------------------------
+
+    async def ListSessions(
+        self, request: pb.ListSessionsRequest, context: Context
+    ) -> pb.ListSessionsResponse:
+        await self._unimplemented(context, "ListSessions", "issue 15")
+        raise AssertionError("unreachable")
+
+    async def ListEpisodes(
+        self, request: pb.ListEpisodesRequest, context: Context
+    ) -> pb.ListEpisodesResponse:
+        await self._unimplemented(context, "ListEpisodes", "issue 15")
+        raise AssertionError("unreachable")
+
+    async def ForgetSession(
+        self, request: pb.ForgetSessionRequest, context: Context
+    ) -> pb.ForgetSessionResponse:
+        await self._unimplemented(context, "ForgetSession", "issue 15")
+        raise AssertionError("unreachable")
+
+    # -- batch and import (issue 15) ----------------------------------------------------------
+
+    async def RememberBatch(
+        self, request: pb.RememberBatchRequest, context: Context
+    ) -> pb.RememberBatchResponse:
+        await self._unimplemented(context, "RememberBatch", "issue 15")
+        raise AssertionError("unreachable")
+
+    async def ImportMemories(
+        self, request_iterator: AsyncIterator[pb.ImportMemoriesRequest], context: Context
+    ) -> pb.ImportMemoriesResponse:
+        await self._unimplemented(context, "ImportMemories", "issue 15")
+        raise AssertionError("unreachable")
+
+    # -- change stream (issue 15) -------------------------------------------------------------
+
+    async def WatchMemories(
+        self, request: pb.WatchMemoriesRequest, context: Context
+    ) -> AsyncIterator[pb.MemoryChange]:
+        await self._unimplemented(context, "WatchMemories", "issue 15")
+        return
+        yield  # an async generator: a server stream

@@ -18,6 +18,7 @@ is UNAVAILABLE. A request that fails writes nothing.
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import duration_pb2 as _duration_pb2
+from google.protobuf import field_mask_pb2 as _field_mask_pb2
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
@@ -257,6 +258,120 @@ INGEST_STATE_DEAD: IngestState.ValueType  # 4
 """Gave up after MEMSVC_WORKER_MAX_ATTEMPTS (default 5); nothing was written."""
 Global___IngestState: _TypeAlias = IngestState  # noqa: Y015
 
+class _CoreBlockKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _CoreBlockKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_CoreBlockKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CORE_BLOCK_KIND_UNSPECIFIED: _CoreBlockKind.ValueType  # 0
+    """Invalid in requests (INVALID_ARGUMENT)."""
+    CORE_BLOCK_KIND_PERSONA: _CoreBlockKind.ValueType  # 1
+    """About the virtual persona (description, voice, backstory). Rendered first by Prefetch,
+    under a disclaimer that it was written about the persona, possibly by others, not by it.
+    Never written by extraction.
+    """
+    CORE_BLOCK_KIND_HUMAN: _CoreBlockKind.ValueType  # 2
+    """The few facts that always apply to this user. Rendered right after the persona block."""
+
+class CoreBlockKind(_CoreBlockKind, metaclass=_CoreBlockKindEnumTypeWrapper):
+    """---------------------------------------------------------------------------
+    Core blocks.
+
+    Which core block.
+    """
+
+CORE_BLOCK_KIND_UNSPECIFIED: CoreBlockKind.ValueType  # 0
+"""Invalid in requests (INVALID_ARGUMENT)."""
+CORE_BLOCK_KIND_PERSONA: CoreBlockKind.ValueType  # 1
+"""About the virtual persona (description, voice, backstory). Rendered first by Prefetch,
+under a disclaimer that it was written about the persona, possibly by others, not by it.
+Never written by extraction.
+"""
+CORE_BLOCK_KIND_HUMAN: CoreBlockKind.ValueType  # 2
+"""The few facts that always apply to this user. Rendered right after the persona block."""
+Global___CoreBlockKind: _TypeAlias = CoreBlockKind  # noqa: Y015
+
+class _CoreBlockMode:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _CoreBlockModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_CoreBlockMode.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CORE_BLOCK_MODE_UNSPECIFIED: _CoreBlockMode.ValueType  # 0
+    """Invalid in requests (INVALID_ARGUMENT)."""
+    CORE_BLOCK_MODE_REPLACE: _CoreBlockMode.ValueType  # 1
+    """The text becomes the whole block (empty text clears it)."""
+    CORE_BLOCK_MODE_APPEND: _CoreBlockMode.ValueType  # 2
+    """The text is added as a new line at the end of the block."""
+
+class CoreBlockMode(_CoreBlockMode, metaclass=_CoreBlockModeEnumTypeWrapper):
+    """How UpdateCoreBlock writes."""
+
+CORE_BLOCK_MODE_UNSPECIFIED: CoreBlockMode.ValueType  # 0
+"""Invalid in requests (INVALID_ARGUMENT)."""
+CORE_BLOCK_MODE_REPLACE: CoreBlockMode.ValueType  # 1
+"""The text becomes the whole block (empty text clears it)."""
+CORE_BLOCK_MODE_APPEND: CoreBlockMode.ValueType  # 2
+"""The text is added as a new line at the end of the block."""
+Global___CoreBlockMode: _TypeAlias = CoreBlockMode  # noqa: Y015
+
+class _ChangeKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ChangeKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ChangeKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CHANGE_KIND_UNSPECIFIED: _ChangeKind.ValueType  # 0
+    """Never sent by memsvc."""
+    CHANGE_KIND_CREATED: _ChangeKind.ValueType  # 1
+    """A memory was written (Remember, extraction, import, a correction's new version)."""
+    CHANGE_KIND_SUPERSEDED: _ChangeKind.ValueType  # 2
+    """A version was replaced (Correct, extraction UPDATE / CONFLICT); superseded_by_id names
+    the new one.
+    """
+    CHANGE_KIND_UPDATED: _ChangeKind.ValueType  # 3
+    """Changed in place: UpdateMemory, reinforcement, core demotion."""
+    CHANGE_KIND_FORGOTTEN: _ChangeKind.ValueType  # 4
+    """Deleted by Forget or ForgetSession."""
+    CHANGE_KIND_EXPIRED: _ChangeKind.ValueType  # 5
+    """Deleted by its retention (TTL or session end)."""
+    CHANGE_KIND_CORE_BLOCK_UPDATED: _ChangeKind.ValueType  # 6
+    """A core block was written (block says which; memory_id is empty)."""
+    CHANGE_KIND_ERASED: _ChangeKind.ValueType  # 7
+    """The whole user was erased (Forget erase_user); earlier changes are gone with them."""
+    CHANGE_KIND_HEARTBEAT: _ChangeKind.ValueType  # 8
+    """Nothing changed for a while: position is the current one (persist it to resume)."""
+
+class ChangeKind(_ChangeKind, metaclass=_ChangeKindEnumTypeWrapper):
+    """---------------------------------------------------------------------------
+    Change stream.
+
+    What happened to a memory.
+    """
+
+CHANGE_KIND_UNSPECIFIED: ChangeKind.ValueType  # 0
+"""Never sent by memsvc."""
+CHANGE_KIND_CREATED: ChangeKind.ValueType  # 1
+"""A memory was written (Remember, extraction, import, a correction's new version)."""
+CHANGE_KIND_SUPERSEDED: ChangeKind.ValueType  # 2
+"""A version was replaced (Correct, extraction UPDATE / CONFLICT); superseded_by_id names
+the new one.
+"""
+CHANGE_KIND_UPDATED: ChangeKind.ValueType  # 3
+"""Changed in place: UpdateMemory, reinforcement, core demotion."""
+CHANGE_KIND_FORGOTTEN: ChangeKind.ValueType  # 4
+"""Deleted by Forget or ForgetSession."""
+CHANGE_KIND_EXPIRED: ChangeKind.ValueType  # 5
+"""Deleted by its retention (TTL or session end)."""
+CHANGE_KIND_CORE_BLOCK_UPDATED: ChangeKind.ValueType  # 6
+"""A core block was written (block says which; memory_id is empty)."""
+CHANGE_KIND_ERASED: ChangeKind.ValueType  # 7
+"""The whole user was erased (Forget erase_user); earlier changes are gone with them."""
+CHANGE_KIND_HEARTBEAT: ChangeKind.ValueType  # 8
+"""Nothing changed for a while: position is the current one (persist it to resume)."""
+Global___ChangeKind: _TypeAlias = ChangeKind  # noqa: Y015
+
 @_typing.final
 class Scope(_message.Message):
     """Whose memory. Every read matches all three fields exactly: an omitted
@@ -359,6 +474,7 @@ class Memory(_message.Message):
     EFFECTIVE_CONFIDENCE_FIELD_NUMBER: _builtins.int
     LAST_REINFORCED_AT_FIELD_NUMBER: _builtins.int
     DEMOTED_AT_FIELD_NUMBER: _builtins.int
+    UPDATED_AT_FIELD_NUMBER: _builtins.int
     memory_id: _builtins.str
     """UUID assigned by memsvc; quote it in Correct, Forget and GetMemoryHistory."""
     content: _builtins.str
@@ -450,6 +566,10 @@ class Memory(_message.Message):
         A demoted memory stays an ordinary, searchable fact.
         """
 
+    @_builtins.property
+    def updated_at(self) -> _timestamp_pb2.Timestamp:
+        """When UpdateMemory last changed it in place (UTC); unset if never."""
+
     def __init__(
         self,
         *,
@@ -481,10 +601,11 @@ class Memory(_message.Message):
         effective_confidence: _builtins.float = ...,
         last_reinforced_at: _timestamp_pb2.Timestamp | None = ...,
         demoted_at: _timestamp_pb2.Timestamp | None = ...,
+        updated_at: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["demoted_at", b"demoted_at", "expires_at", b"expires_at", "invalid_at", b"invalid_at", "last_referenced_at", b"last_referenced_at", "last_reinforced_at", b"last_reinforced_at", "recorded_at", b"recorded_at", "scope", b"scope", "sharing", b"sharing", "valid_from", b"valid_from"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["demoted_at", b"demoted_at", "expires_at", b"expires_at", "invalid_at", b"invalid_at", "last_referenced_at", b"last_referenced_at", "last_reinforced_at", b"last_reinforced_at", "recorded_at", b"recorded_at", "scope", b"scope", "sharing", b"sharing", "updated_at", b"updated_at", "valid_from", b"valid_from"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["category", b"category", "confidence", b"confidence", "content", b"content", "correction_reason", b"correction_reason", "demoted_at", b"demoted_at", "effective_confidence", b"effective_confidence", "expires_at", b"expires_at", "invalid_at", b"invalid_at", "last_referenced_at", b"last_referenced_at", "last_reinforced_at", b"last_reinforced_at", "memory_id", b"memory_id", "object", b"object", "origin", b"origin", "pinned", b"pinned", "predicate", b"predicate", "recorded_at", b"recorded_at", "reinforced_count", b"reinforced_count", "retention_policy", b"retention_policy", "role", b"role", "scope", b"scope", "session_id", b"session_id", "sharing", b"sharing", "source_message_ids", b"source_message_ids", "status", b"status", "subject", b"subject", "superseded_by_id", b"superseded_by_id", "supersedes_id", b"supersedes_id", "valid_from", b"valid_from"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["category", b"category", "confidence", b"confidence", "content", b"content", "correction_reason", b"correction_reason", "demoted_at", b"demoted_at", "effective_confidence", b"effective_confidence", "expires_at", b"expires_at", "invalid_at", b"invalid_at", "last_referenced_at", b"last_referenced_at", "last_reinforced_at", b"last_reinforced_at", "memory_id", b"memory_id", "object", b"object", "origin", b"origin", "pinned", b"pinned", "predicate", b"predicate", "recorded_at", b"recorded_at", "reinforced_count", b"reinforced_count", "retention_policy", b"retention_policy", "role", b"role", "scope", b"scope", "session_id", b"session_id", "sharing", b"sharing", "source_message_ids", b"source_message_ids", "status", b"status", "subject", b"subject", "superseded_by_id", b"superseded_by_id", "supersedes_id", b"supersedes_id", "updated_at", b"updated_at", "valid_from", b"valid_from"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -884,22 +1005,118 @@ class GetMemoryHistoryResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     VERSIONS_FIELD_NUMBER: _builtins.int
+    EDITS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def versions(self) -> _containers.RepeatedCompositeFieldContainer[Global___Memory]:
         """Oldest first; the last one is current unless the chain was closed."""
+
+    @_builtins.property
+    def edits(self) -> _containers.RepeatedCompositeFieldContainer[Global___MemoryEdit]:
+        """In-place changes made by UpdateMemory to any version of the chain, oldest first."""
 
     def __init__(
         self,
         *,
         versions: _abc.Iterable[Global___Memory] | None = ...,
+        edits: _abc.Iterable[Global___MemoryEdit] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["versions", b"versions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["edits", b"edits", "versions", b"versions"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetMemoryHistoryResponse: _TypeAlias = GetMemoryHistoryResponse  # noqa: Y015
+
+@_typing.final
+class MemoryEdit(_message.Message):
+    """One in-place change of a memory (UpdateMemory)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class BeforeEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class AfterEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    MEMORY_ID_FIELD_NUMBER: _builtins.int
+    EDITED_AT_FIELD_NUMBER: _builtins.int
+    FIELDS_FIELD_NUMBER: _builtins.int
+    BEFORE_FIELD_NUMBER: _builtins.int
+    AFTER_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    memory_id: _builtins.str
+    """The version that was changed."""
+    reason: _builtins.str
+    """The reason given to UpdateMemory; empty if none."""
+    @_builtins.property
+    def edited_at(self) -> _timestamp_pb2.Timestamp:
+        """When (UTC)."""
+
+    @_builtins.property
+    def fields(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The update_mask paths that changed a value (a path that set the same value is left out)."""
+
+    @_builtins.property
+    def before(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Each changed field's value before, as text (JSON for sharing, seconds for ttl)."""
+
+    @_builtins.property
+    def after(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Each changed field's value after, in the same form."""
+
+    def __init__(
+        self,
+        *,
+        memory_id: _builtins.str = ...,
+        edited_at: _timestamp_pb2.Timestamp | None = ...,
+        fields: _abc.Iterable[_builtins.str] | None = ...,
+        before: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        after: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["edited_at", b"edited_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "before", b"before", "edited_at", b"edited_at", "fields", b"fields", "memory_id", b"memory_id", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MemoryEdit: _TypeAlias = MemoryEdit  # noqa: Y015
 
 @_typing.final
 class PacketBudget(_message.Message):
@@ -1013,6 +1230,8 @@ class PacketCounts(_message.Message):
     CORE_FIELD_NUMBER: _builtins.int
     RELEVANT_FIELD_NUMBER: _builtins.int
     EPISODES_FIELD_NUMBER: _builtins.int
+    PERSONA_BLOCK_FIELD_NUMBER: _builtins.int
+    HUMAN_BLOCK_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def persona(self) -> Global___SectionCount:
         """Facts about the persona (persona scopes only)."""
@@ -1029,6 +1248,14 @@ class PacketCounts(_message.Message):
     def episodes(self) -> Global___SectionCount:
         """Earlier conversations."""
 
+    @_builtins.property
+    def persona_block(self) -> Global___BlockCount:
+        """The persona core block (persona scopes), in characters."""
+
+    @_builtins.property
+    def human_block(self) -> Global___BlockCount:
+        """The human core block's written text, in characters (its facts are counted in `core`)."""
+
     def __init__(
         self,
         *,
@@ -1036,14 +1263,42 @@ class PacketCounts(_message.Message):
         core: Global___SectionCount | None = ...,
         relevant: Global___SectionCount | None = ...,
         episodes: Global___SectionCount | None = ...,
+        persona_block: Global___BlockCount | None = ...,
+        human_block: Global___BlockCount | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["core", b"core", "episodes", b"episodes", "persona", b"persona", "relevant", b"relevant"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["core", b"core", "episodes", b"episodes", "human_block", b"human_block", "persona", b"persona", "persona_block", b"persona_block", "relevant", b"relevant"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["core", b"core", "episodes", b"episodes", "persona", b"persona", "relevant", b"relevant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["core", b"core", "episodes", b"episodes", "human_block", b"human_block", "persona", b"persona", "persona_block", b"persona_block", "relevant", b"relevant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PacketCounts: _TypeAlias = PacketCounts  # noqa: Y015
+
+@_typing.final
+class BlockCount(_message.Message):
+    """How much of a core block's text made it into the packet."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SHOWN_CHARS_FIELD_NUMBER: _builtins.int
+    TOTAL_CHARS_FIELD_NUMBER: _builtins.int
+    shown_chars: _builtins.int
+    """Characters of the block's text shown."""
+    total_chars: _builtins.int
+    """Characters of the block's text; total_chars - shown_chars were cut for the budget."""
+    def __init__(
+        self,
+        *,
+        shown_chars: _builtins.int = ...,
+        total_chars: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["shown_chars", b"shown_chars", "total_chars", b"total_chars"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BlockCount: _TypeAlias = BlockCount  # noqa: Y015
 
 @_typing.final
 class Episode(_message.Message):
@@ -1184,6 +1439,7 @@ class RecallRequest(_message.Message):
     TYPES_FIELD_NUMBER: _builtins.int
     MODE_FIELD_NUMBER: _builtins.int
     AS_OF_FIELD_NUMBER: _builtins.int
+    FILTERS_FIELD_NUMBER: _builtins.int
     query: _builtins.str
     """Natural-language query (at most 2,000 chars). Required unless query_vector is set."""
     top_k: _builtins.int
@@ -1206,6 +1462,10 @@ class RecallRequest(_message.Message):
     def as_of(self) -> _timestamp_pb2.Timestamp:
         """Read what was valid at that time (superseded facts included if valid then)."""
 
+    @_builtins.property
+    def filters(self) -> Global___RecallFilters:
+        """Optional narrowing and minimum relevance; unset means the defaults below."""
+
     def __init__(
         self,
         *,
@@ -1216,14 +1476,90 @@ class RecallRequest(_message.Message):
         types: _abc.Iterable[Global___ItemType.ValueType] | None = ...,
         mode: Global___RecallMode.ValueType = ...,
         as_of: _timestamp_pb2.Timestamp | None = ...,
+        filters: Global___RecallFilters | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["as_of", b"as_of", "scope", b"scope"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["as_of", b"as_of", "filters", b"filters", "scope", b"scope"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["as_of", b"as_of", "mode", b"mode", "query", b"query", "query_vector", b"query_vector", "scope", b"scope", "top_k", b"top_k", "types", b"types"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["as_of", b"as_of", "filters", b"filters", "mode", b"mode", "query", b"query", "query_vector", b"query_vector", "scope", b"scope", "top_k", b"top_k", "types", b"types"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RecallRequest: _TypeAlias = RecallRequest  # noqa: Y015
+
+@_typing.final
+class RecallFilters(_message.Message):
+    """Recall narrowing: every set filter must match (within a filter, any value may); each runs
+    in SQL on both legs, inside the deadline. Filters that only facts carry (categories, roles,
+    origins) leave episodes and messages out when set.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CATEGORIES_FIELD_NUMBER: _builtins.int
+    ROLES_FIELD_NUMBER: _builtins.int
+    ORIGINS_FIELD_NUMBER: _builtins.int
+    SESSION_IDS_FIELD_NUMBER: _builtins.int
+    SINCE_FIELD_NUMBER: _builtins.int
+    UNTIL_FIELD_NUMBER: _builtins.int
+    MIN_SCORE_FIELD_NUMBER: _builtins.int
+    min_score: _builtins.float
+    """Minimum relevance (RecallItem.relevance, 0..1) of a returned item. Unset: the server's
+    calibrated default (MEMSVC_RECALL_MIN_RELEVANCE), which makes a question about something
+    never stored return no items rather than noise. 0: no minimum. Outside 0..1:
+    INVALID_ARGUMENT.
+    """
+    @_builtins.property
+    def categories(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Only facts of these categories (the configured vocabulary; at most 20)."""
+
+    @_builtins.property
+    def roles(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Only facts of these roles (the configured vocabulary; at most 20)."""
+
+    @_builtins.property
+    def origins(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Only facts written this way: "explicit", "correction", "extraction", "compaction",
+        "import" (at most 10).
+        """
+
+    @_builtins.property
+    def session_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Only items of these sessions (facts learned in them, their episodes and messages; at
+        most 100, each 1..128 chars).
+        """
+
+    @_builtins.property
+    def since(self) -> _timestamp_pb2.Timestamp:
+        """Only items that held or happened at or after this time (UTC): facts whose validity
+        [valid_from, invalid_at) reaches it, episodes that ended and messages sent at or after it.
+        """
+
+    @_builtins.property
+    def until(self) -> _timestamp_pb2.Timestamp:
+        """Only items that held or happened before this time (UTC): facts valid before it, episodes
+        that started and messages sent before it. since < until when both are set.
+        """
+
+    def __init__(
+        self,
+        *,
+        categories: _abc.Iterable[_builtins.str] | None = ...,
+        roles: _abc.Iterable[_builtins.str] | None = ...,
+        origins: _abc.Iterable[_builtins.str] | None = ...,
+        session_ids: _abc.Iterable[_builtins.str] | None = ...,
+        since: _timestamp_pb2.Timestamp | None = ...,
+        until: _timestamp_pb2.Timestamp | None = ...,
+        min_score: _builtins.float | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_min_score", b"_min_score", "min_score", b"min_score", "since", b"since", "until", b"until"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_min_score", b"_min_score", "categories", b"categories", "min_score", b"min_score", "origins", b"origins", "roles", b"roles", "session_ids", b"session_ids", "since", b"since", "until", b"until"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__min_score: _TypeAlias = _typing.Literal["min_score"]  # noqa: Y015
+    _WhichOneofArgType__min_score: _TypeAlias = _typing.Literal["_min_score", b"_min_score"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__min_score) -> _WhichOneofReturnType__min_score | None: ...
+
+Global___RecallFilters: _TypeAlias = RecallFilters  # noqa: Y015
 
 @_typing.final
 class StageTimings(_message.Message):
@@ -1289,6 +1625,7 @@ class RecallItem(_message.Message):
     MEMORY_FIELD_NUMBER: _builtins.int
     SENDER_ID_FIELD_NUMBER: _builtins.int
     ROLE_FIELD_NUMBER: _builtins.int
+    RELEVANCE_FIELD_NUMBER: _builtins.int
     type: Global___ItemType.ValueType
     """FACT, EPISODE or MESSAGE."""
     id: _builtins.str
@@ -1309,6 +1646,8 @@ class RecallItem(_message.Message):
     """MESSAGE only."""
     role: Global___MessageRole.ValueType
     """MESSAGE only: who spoke."""
+    relevance: _builtins.float
+    """Calibrated relevance to the query, 0..1 (compared with RecallFilters.min_score)."""
     @_builtins.property
     def occurred_at(self) -> _timestamp_pb2.Timestamp:
         """When it was said (messages), ended (episodes) or recorded (facts)."""
@@ -1332,10 +1671,11 @@ class RecallItem(_message.Message):
         memory: Global___Memory | None = ...,
         sender_id: _builtins.str = ...,
         role: Global___MessageRole.ValueType = ...,
+        relevance: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["memory", b"memory", "occurred_at", b"occurred_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dense_rank", b"dense_rank", "fused_score", b"fused_score", "id", b"id", "lexical_rank", b"lexical_rank", "memory", b"memory", "occurred_at", b"occurred_at", "role", b"role", "score", b"score", "sender_id", b"sender_id", "session_id", b"session_id", "text", b"text", "type", b"type"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dense_rank", b"dense_rank", "fused_score", b"fused_score", "id", b"id", "lexical_rank", b"lexical_rank", "memory", b"memory", "occurred_at", b"occurred_at", "relevance", b"relevance", "role", b"role", "score", b"score", "sender_id", b"sender_id", "session_id", b"session_id", "text", b"text", "type", b"type"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1728,3 +2068,1005 @@ class ExportRecord(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ExportRecord: _TypeAlias = ExportRecord  # noqa: Y015
+
+@_typing.final
+class CoreBlock(_message.Message):
+    """One core block of one exact scope, as it is now."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BLOCK_FIELD_NUMBER: _builtins.int
+    SCOPE_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_NUMBER: _builtins.int
+    LIMIT_CHARS_FIELD_NUMBER: _builtins.int
+    USED_CHARS_FIELD_NUMBER: _builtins.int
+    FACTS_FIELD_NUMBER: _builtins.int
+    REVISION_FIELD_NUMBER: _builtins.int
+    UPDATED_AT_FIELD_NUMBER: _builtins.int
+    AUTHOR_FIELD_NUMBER: _builtins.int
+    block: Global___CoreBlockKind.ValueType
+    """PERSONA or HUMAN."""
+    text: _builtins.str
+    """The written text (UpdateCoreBlock); empty when never written or cleared."""
+    limit_chars: _builtins.int
+    """The block's character limit (the tenant's; default 2,000 for each block). For HUMAN it
+    covers the text and the facts together.
+    """
+    used_chars: _builtins.int
+    """Characters used: the text, plus for HUMAN the content of its facts."""
+    revision: _builtins.int
+    """1 for the first write, +1 per write; 0 when never written."""
+    author: _builtins.str
+    """Who wrote the current text, as UpdateCoreBlock said ("application" when not said)."""
+    @_builtins.property
+    def scope(self) -> Global___Scope:
+        """The exact scope it belongs to."""
+
+    @_builtins.property
+    def facts(self) -> _containers.RepeatedCompositeFieldContainer[Global___Memory]:
+        """HUMAN only: the scope's core facts (pinned, or of the core role, as extraction promotes
+        fundamental facts), in the order Prefetch shows them. Manage them with Remember,
+        UpdateMemory (pinned, role) and Forget.
+        """
+
+    @_builtins.property
+    def updated_at(self) -> _timestamp_pb2.Timestamp:
+        """When the text was last written (UTC); unset if never."""
+
+    def __init__(
+        self,
+        *,
+        block: Global___CoreBlockKind.ValueType = ...,
+        scope: Global___Scope | None = ...,
+        text: _builtins.str = ...,
+        limit_chars: _builtins.int = ...,
+        used_chars: _builtins.int = ...,
+        facts: _abc.Iterable[Global___Memory] | None = ...,
+        revision: _builtins.int = ...,
+        updated_at: _timestamp_pb2.Timestamp | None = ...,
+        author: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["scope", b"scope", "updated_at", b"updated_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["author", b"author", "block", b"block", "facts", b"facts", "limit_chars", b"limit_chars", "revision", b"revision", "scope", b"scope", "text", b"text", "updated_at", b"updated_at", "used_chars", b"used_chars"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CoreBlock: _TypeAlias = CoreBlock  # noqa: Y015
+
+@_typing.final
+class GetCoreBlocksRequest(_message.Message):
+    """Read a scope's core blocks."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCOPE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def scope(self) -> Global___Scope:
+        """Required: the exact scope."""
+
+    def __init__(
+        self,
+        *,
+        scope: Global___Scope | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["scope", b"scope"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["scope", b"scope"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetCoreBlocksRequest: _TypeAlias = GetCoreBlocksRequest  # noqa: Y015
+
+@_typing.final
+class GetCoreBlocksResponse(_message.Message):
+    """Both core blocks of a scope (each present, possibly empty)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PERSONA_FIELD_NUMBER: _builtins.int
+    HUMAN_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def persona(self) -> Global___CoreBlock:
+        """The persona block."""
+
+    @_builtins.property
+    def human(self) -> Global___CoreBlock:
+        """The human block."""
+
+    def __init__(
+        self,
+        *,
+        persona: Global___CoreBlock | None = ...,
+        human: Global___CoreBlock | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["human", b"human", "persona", b"persona"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["human", b"human", "persona", b"persona"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetCoreBlocksResponse: _TypeAlias = GetCoreBlocksResponse  # noqa: Y015
+
+@_typing.final
+class UpdateCoreBlockRequest(_message.Message):
+    """Write one core block."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCOPE_FIELD_NUMBER: _builtins.int
+    BLOCK_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_NUMBER: _builtins.int
+    AUTHOR_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    EXPECTED_REVISION_FIELD_NUMBER: _builtins.int
+    block: Global___CoreBlockKind.ValueType
+    """Required: PERSONA or HUMAN."""
+    mode: Global___CoreBlockMode.ValueType
+    """Required: REPLACE or APPEND."""
+    text: _builtins.str
+    """The text (no control characters except line breaks). REPLACE: the whole block, at most
+    its limit (for HUMAN, core facts that no longer fit are demoted to ordinary facts and
+    listed in `displaced`). APPEND: 1.. chars, added as a new line; passing the limit is
+    FAILED_PRECONDITION and writes nothing.
+    """
+    author: _builtins.str
+    """Who writes: "application" (default), "agent" (the agent editing its own memory),
+    "operator"; 1..64 chars of [a-z0-9_-]. Kept in the history.
+    """
+    reason: _builtins.str
+    """Optional, at most 500 chars; kept in the history."""
+    expected_revision: _builtins.int
+    """Optional optimistic concurrency: when non-zero, the write applies only if the block's
+    current revision is this one (else FAILED_PRECONDITION, nothing written).
+    """
+    @_builtins.property
+    def scope(self) -> Global___Scope:
+        """Required: the exact scope."""
+
+    def __init__(
+        self,
+        *,
+        scope: Global___Scope | None = ...,
+        block: Global___CoreBlockKind.ValueType = ...,
+        mode: Global___CoreBlockMode.ValueType = ...,
+        text: _builtins.str = ...,
+        author: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        expected_revision: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["scope", b"scope"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["author", b"author", "block", b"block", "expected_revision", b"expected_revision", "mode", b"mode", "reason", b"reason", "scope", b"scope", "text", b"text"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateCoreBlockRequest: _TypeAlias = UpdateCoreBlockRequest  # noqa: Y015
+
+@_typing.final
+class UpdateCoreBlockResponse(_message.Message):
+    """The block as written."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BLOCK_FIELD_NUMBER: _builtins.int
+    DISPLACED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def block(self) -> Global___CoreBlock:
+        """The block now."""
+
+    @_builtins.property
+    def displaced(self) -> _containers.RepeatedCompositeFieldContainer[Global___Memory]:
+        """HUMAN REPLACE: core facts demoted to ordinary facts to keep the block within its limit
+        (as in RememberResponse.displaced). Empty otherwise.
+        """
+
+    def __init__(
+        self,
+        *,
+        block: Global___CoreBlock | None = ...,
+        displaced: _abc.Iterable[Global___Memory] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["block", b"block"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block", b"block", "displaced", b"displaced"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateCoreBlockResponse: _TypeAlias = UpdateCoreBlockResponse  # noqa: Y015
+
+@_typing.final
+class GetCoreBlockHistoryRequest(_message.Message):
+    """Read a core block's history."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCOPE_FIELD_NUMBER: _builtins.int
+    BLOCK_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    block: Global___CoreBlockKind.ValueType
+    """Required: PERSONA or HUMAN."""
+    page_size: _builtins.int
+    """Default 50 (0), at most 500."""
+    @_builtins.property
+    def scope(self) -> Global___Scope:
+        """Required: the exact scope."""
+
+    def __init__(
+        self,
+        *,
+        scope: Global___Scope | None = ...,
+        block: Global___CoreBlockKind.ValueType = ...,
+        page_size: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["scope", b"scope"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block", b"block", "page_size", b"page_size", "scope", b"scope"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetCoreBlockHistoryRequest: _TypeAlias = GetCoreBlockHistoryRequest  # noqa: Y015
+
+@_typing.final
+class CoreBlockRevision(_message.Message):
+    """One written revision of a core block."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REVISION_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
+    AUTHOR_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    RECORDED_AT_FIELD_NUMBER: _builtins.int
+    REPLACED_AT_FIELD_NUMBER: _builtins.int
+    revision: _builtins.int
+    """1 for the first write, +1 per write."""
+    text: _builtins.str
+    """The whole text after this write."""
+    mode: Global___CoreBlockMode.ValueType
+    """How it was written."""
+    author: _builtins.str
+    """Who wrote it."""
+    reason: _builtins.str
+    """The reason given; empty if none."""
+    @_builtins.property
+    def recorded_at(self) -> _timestamp_pb2.Timestamp:
+        """When it was written (UTC)."""
+
+    @_builtins.property
+    def replaced_at(self) -> _timestamp_pb2.Timestamp:
+        """When the next revision replaced it (UTC); unset for the current one."""
+
+    def __init__(
+        self,
+        *,
+        revision: _builtins.int = ...,
+        text: _builtins.str = ...,
+        mode: Global___CoreBlockMode.ValueType = ...,
+        author: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        recorded_at: _timestamp_pb2.Timestamp | None = ...,
+        replaced_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["recorded_at", b"recorded_at", "replaced_at", b"replaced_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["author", b"author", "mode", b"mode", "reason", b"reason", "recorded_at", b"recorded_at", "replaced_at", b"replaced_at", "revision", b"revision", "text", b"text"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CoreBlockRevision: _TypeAlias = CoreBlockRevision  # noqa: Y015
+
+@_typing.final
+class GetCoreBlockHistoryResponse(_message.Message):
+    """A core block's revisions."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REVISIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def revisions(self) -> _containers.RepeatedCompositeFieldContainer[Global___CoreBlockRevision]:
+        """Newest first, at most page_size."""
+
+    def __init__(
+        self,
+        *,
+        revisions: _abc.Iterable[Global___CoreBlockRevision] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["revisions", b"revisions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetCoreBlockHistoryResponse: _TypeAlias = GetCoreBlockHistoryResponse  # noqa: Y015
+
+@_typing.final
+class UpdateMemoryRequest(_message.Message):
+    """---------------------------------------------------------------------------
+    Memory management.
+
+    Change some fields of one memory in place.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCOPE_FIELD_NUMBER: _builtins.int
+    MEMORY_ID_FIELD_NUMBER: _builtins.int
+    UPDATE_MASK_FIELD_NUMBER: _builtins.int
+    PINNED_FIELD_NUMBER: _builtins.int
+    CATEGORY_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
+    SHARING_FIELD_NUMBER: _builtins.int
+    RETENTION_POLICY_FIELD_NUMBER: _builtins.int
+    TTL_FIELD_NUMBER: _builtins.int
+    CONFIDENCE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    memory_id: _builtins.str
+    """Required: the current version's id."""
+    pinned: _builtins.bool
+    """New pinned flag (pinning may displace other core facts, listed in `displaced`)."""
+    category: _builtins.str
+    """New category (configured vocabulary)."""
+    role: _builtins.str
+    """New role (configured vocabulary)."""
+    retention_policy: Global___RetentionPolicy.ValueType
+    """New retention: USER_CONTROLLED, SESSION (needs the memory's session_id) or TTL."""
+    confidence: _builtins.float
+    """New confidence, 0 < c <= 1."""
+    reason: _builtins.str
+    """Optional, at most 500 chars; kept with the edit."""
+    @_builtins.property
+    def scope(self) -> Global___Scope:
+        """Required: the exact scope the memory was written in."""
+
+    @_builtins.property
+    def update_mask(self) -> _field_mask_pb2.FieldMask:
+        """Required: the fields to change, from "pinned", "category", "role", "sharing",
+        "retention_policy", "ttl", "confidence". A field outside the mask is ignored. "ttl"
+        goes with retention_policy TTL; setting retention_policy to TTL needs "ttl" too.
+        """
+
+    @_builtins.property
+    def sharing(self) -> Global___Sharing:
+        """New sharing (unset: none)."""
+
+    @_builtins.property
+    def ttl(self) -> _duration_pb2.Duration:
+        """New time to live for TTL, counted from now (1 s .. 10 years)."""
+
+    def __init__(
+        self,
+        *,
+        scope: Global___Scope | None = ...,
+        memory_id: _builtins.str = ...,
+        update_mask: _field_mask_pb2.FieldMask | None = ...,
+        pinned: _builtins.bool = ...,
+        category: _builtins.str = ...,
+        role: _builtins.str = ...,
+        sharing: Global___Sharing | None = ...,
+        retention_policy: Global___RetentionPolicy.ValueType = ...,
+        ttl: _duration_pb2.Duration | None = ...,
+        confidence: _builtins.float = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["scope", b"scope", "sharing", b"sharing", "ttl", b"ttl", "update_mask", b"update_mask"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["category", b"category", "confidence", b"confidence", "memory_id", b"memory_id", "pinned", b"pinned", "reason", b"reason", "retention_policy", b"retention_policy", "role", b"role", "scope", b"scope", "sharing", b"sharing", "ttl", b"ttl", "update_mask", b"update_mask"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateMemoryRequest: _TypeAlias = UpdateMemoryRequest  # noqa: Y015
+
+@_typing.final
+class UpdateMemoryResponse(_message.Message):
+    """The memory after the update."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MEMORY_FIELD_NUMBER: _builtins.int
+    DISPLACED_FIELD_NUMBER: _builtins.int
+    CHANGED_FIELD_NUMBER: _builtins.int
+    changed: _builtins.bool
+    """False when every field in the mask already had its value (nothing was written)."""
+    @_builtins.property
+    def memory(self) -> Global___Memory:
+        """The memory as it is now."""
+
+    @_builtins.property
+    def displaced(self) -> _containers.RepeatedCompositeFieldContainer[Global___Memory]:
+        """Core facts demoted to make room when the update pinned it or gave it the core role."""
+
+    def __init__(
+        self,
+        *,
+        memory: Global___Memory | None = ...,
+        displaced: _abc.Iterable[Global___Memory] | None = ...,
+        changed: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["memory", b"memory"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["changed", b"changed", "displaced", b"displaced", "memory", b"memory"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateMemoryResponse: _TypeAlias = UpdateMemoryResponse  # noqa: Y015
+
+@_typing.final
+class GetMemoryRequest(_message.Message):
+    """Read one memory."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCOPE_FIELD_NUMBER: _builtins.int
+    MEMORY_ID_FIELD_NUMBER: _builtins.int
+    memory_id: _builtins.str
+    """Required: any version's id."""
+    @_builtins.property
+    def scope(self) -> Global___Scope:
+        """Required: a scope that sees the memory (its own, or one it is shared into)."""
+
+    def __init__(
+        self,
+        *,
+        scope: Global___Scope | None = ...,
+        memory_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["scope", b"scope"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["memory_id", b"memory_id", "scope", b"scope"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetMemoryRequest: _TypeAlias = GetMemoryRequest  # noqa: Y015
+
+@_typing.final
+class ListSessionsRequest(_message.Message):
+    """---------------------------------------------------------------------------
+    Sessions and episodes.
+
+    One page of a scope's sessions.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCOPE_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    page_size: _builtins.int
+    """Default 50 (0), at most 500."""
+    page_token: _builtins.str
+    """Empty for the first page, else next_page_token of the previous response."""
+    @_builtins.property
+    def scope(self) -> Global___Scope:
+        """Required: the exact scope."""
+
+    def __init__(
+        self,
+        *,
+        scope: Global___Scope | None = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["scope", b"scope"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "scope", b"scope"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListSessionsRequest: _TypeAlias = ListSessionsRequest  # noqa: Y015
+
+@_typing.final
+class SessionInfo(_message.Message):
+    """One session of a scope, as stored."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    FIRST_MESSAGE_AT_FIELD_NUMBER: _builtins.int
+    LAST_MESSAGE_AT_FIELD_NUMBER: _builtins.int
+    MESSAGE_COUNT_FIELD_NUMBER: _builtins.int
+    FACT_COUNT_FIELD_NUMBER: _builtins.int
+    EPISODE_COUNT_FIELD_NUMBER: _builtins.int
+    ENDED_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """The caller's session id."""
+    message_count: _builtins.int
+    """Messages stored."""
+    fact_count: _builtins.int
+    """Current facts learned in it."""
+    episode_count: _builtins.int
+    """Episodes summarising it (0 or 1)."""
+    ended: _builtins.bool
+    """True once an Ingest said end_of_session."""
+    @_builtins.property
+    def first_message_at(self) -> _timestamp_pb2.Timestamp:
+        """First stored message (UTC)."""
+
+    @_builtins.property
+    def last_message_at(self) -> _timestamp_pb2.Timestamp:
+        """Last stored message (UTC)."""
+
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        first_message_at: _timestamp_pb2.Timestamp | None = ...,
+        last_message_at: _timestamp_pb2.Timestamp | None = ...,
+        message_count: _builtins.int = ...,
+        fact_count: _builtins.int = ...,
+        episode_count: _builtins.int = ...,
+        ended: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["first_message_at", b"first_message_at", "last_message_at", b"last_message_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ended", b"ended", "episode_count", b"episode_count", "fact_count", b"fact_count", "first_message_at", b"first_message_at", "last_message_at", b"last_message_at", "message_count", b"message_count", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SessionInfo: _TypeAlias = SessionInfo  # noqa: Y015
+
+@_typing.final
+class ListSessionsResponse(_message.Message):
+    """A page of sessions."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSIONS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Opaque; empty on the last page."""
+    @_builtins.property
+    def sessions(self) -> _containers.RepeatedCompositeFieldContainer[Global___SessionInfo]:
+        """Most recent last message first."""
+
+    def __init__(
+        self,
+        *,
+        sessions: _abc.Iterable[Global___SessionInfo] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_page_token", b"next_page_token", "sessions", b"sessions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListSessionsResponse: _TypeAlias = ListSessionsResponse  # noqa: Y015
+
+@_typing.final
+class ListEpisodesRequest(_message.Message):
+    """One page of a scope's episodes."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCOPE_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    page_size: _builtins.int
+    """Default 50 (0), at most 500."""
+    page_token: _builtins.str
+    """Empty for the first page, else next_page_token of the previous response."""
+    session_id: _builtins.str
+    """Optional: only this session's episode."""
+    @_builtins.property
+    def scope(self) -> Global___Scope:
+        """Required: the exact scope."""
+
+    def __init__(
+        self,
+        *,
+        scope: Global___Scope | None = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+        session_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["scope", b"scope"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "scope", b"scope", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListEpisodesRequest: _TypeAlias = ListEpisodesRequest  # noqa: Y015
+
+@_typing.final
+class ListEpisodesResponse(_message.Message):
+    """A page of episodes."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EPISODES_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Opaque; empty on the last page."""
+    @_builtins.property
+    def episodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___Episode]:
+        """Most recently ended first."""
+
+    def __init__(
+        self,
+        *,
+        episodes: _abc.Iterable[Global___Episode] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["episodes", b"episodes", "next_page_token", b"next_page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListEpisodesResponse: _TypeAlias = ListEpisodesResponse  # noqa: Y015
+
+@_typing.final
+class ForgetSessionRequest(_message.Message):
+    """Forget one session."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCOPE_FIELD_NUMBER: _builtins.int
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """Required: the session id (1..128 chars)."""
+    @_builtins.property
+    def scope(self) -> Global___Scope:
+        """Required: the exact scope."""
+
+    def __init__(
+        self,
+        *,
+        scope: Global___Scope | None = ...,
+        session_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["scope", b"scope"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["scope", b"scope", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForgetSessionRequest: _TypeAlias = ForgetSessionRequest  # noqa: Y015
+
+@_typing.final
+class ForgetSessionResponse(_message.Message):
+    """What ForgetSession removed."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGES_DELETED_FIELD_NUMBER: _builtins.int
+    EPISODES_DELETED_FIELD_NUMBER: _builtins.int
+    MEMORIES_DELETED_FIELD_NUMBER: _builtins.int
+    MEMORIES_KEPT_FIELD_NUMBER: _builtins.int
+    messages_deleted: _builtins.int
+    """Messages deleted."""
+    episodes_deleted: _builtins.int
+    """Episodes deleted."""
+    memories_deleted: _builtins.int
+    """Memory rows deleted (every version of facts learned only in the session)."""
+    memories_kept: _builtins.int
+    """Facts also learned elsewhere, kept (this session's message ids removed from them)."""
+    def __init__(
+        self,
+        *,
+        messages_deleted: _builtins.int = ...,
+        episodes_deleted: _builtins.int = ...,
+        memories_deleted: _builtins.int = ...,
+        memories_kept: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["episodes_deleted", b"episodes_deleted", "memories_deleted", b"memories_deleted", "memories_kept", b"memories_kept", "messages_deleted", b"messages_deleted"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForgetSessionResponse: _TypeAlias = ForgetSessionResponse  # noqa: Y015
+
+@_typing.final
+class RememberBatchRequest(_message.Message):
+    """---------------------------------------------------------------------------
+    Batch and import.
+
+    Up to 100 Remembers.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCOPE_FIELD_NUMBER: _builtins.int
+    ITEMS_FIELD_NUMBER: _builtins.int
+    ATOMIC_FIELD_NUMBER: _builtins.int
+    atomic: _builtins.bool
+    """True: all or nothing. False (default): each item on its own."""
+    @_builtins.property
+    def scope(self) -> Global___Scope:
+        """The scope of every item whose own scope is unset."""
+
+    @_builtins.property
+    def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___RememberRequest]:
+        """1..100 items, each as Remember takes it."""
+
+    def __init__(
+        self,
+        *,
+        scope: Global___Scope | None = ...,
+        items: _abc.Iterable[Global___RememberRequest] | None = ...,
+        atomic: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["scope", b"scope"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["atomic", b"atomic", "items", b"items", "scope", b"scope"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RememberBatchRequest: _TypeAlias = RememberBatchRequest  # noqa: Y015
+
+@_typing.final
+class RememberBatchResult(_message.Message):
+    """What happened to one item of a batch."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INDEX_FIELD_NUMBER: _builtins.int
+    OK_FIELD_NUMBER: _builtins.int
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    index: _builtins.int
+    """The item's position in the request (0-based)."""
+    ok: _builtins.bool
+    """True when stored (or reinforced)."""
+    error_code: _builtins.str
+    """When not ok: the gRPC status code name (e.g. "INVALID_ARGUMENT")."""
+    error_message: _builtins.str
+    """When not ok: why, naming the field."""
+    @_builtins.property
+    def response(self) -> Global___RememberResponse:
+        """When ok: what Remember would have answered."""
+
+    def __init__(
+        self,
+        *,
+        index: _builtins.int = ...,
+        ok: _builtins.bool = ...,
+        response: Global___RememberResponse | None = ...,
+        error_code: _builtins.str = ...,
+        error_message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_code", b"error_code", "error_message", b"error_message", "index", b"index", "ok", b"ok", "response", b"response"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RememberBatchResult: _TypeAlias = RememberBatchResult  # noqa: Y015
+
+@_typing.final
+class RememberBatchResponse(_message.Message):
+    """Per-item results, in request order."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    SUCCEEDED_FIELD_NUMBER: _builtins.int
+    FAILED_FIELD_NUMBER: _builtins.int
+    succeeded: _builtins.int
+    """Items stored or reinforced."""
+    failed: _builtins.int
+    """Items that failed (0 for an atomic batch that answered OK)."""
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___RememberBatchResult]:
+        """One per item, in request order."""
+
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___RememberBatchResult] | None = ...,
+        succeeded: _builtins.int = ...,
+        failed: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["failed", b"failed", "results", b"results", "succeeded", b"succeeded"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RememberBatchResponse: _TypeAlias = RememberBatchResponse  # noqa: Y015
+
+@_typing.final
+class ImportMemoriesRequest(_message.Message):
+    """One message of an import stream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCOPE_FIELD_NUMBER: _builtins.int
+    JSON_FIELD_NUMBER: _builtins.int
+    KEEP_RECORD_SCOPES_FIELD_NUMBER: _builtins.int
+    json: _builtins.str
+    """One line ExportMemories wrote (ExportRecord.json); "summary" lines are checked against
+    the counts and otherwise ignored. Empty messages are ignored.
+    """
+    keep_record_scopes: _builtins.bool
+    """First message only: keep each record's persona_id and agent_id (a whole-user export)."""
+    @_builtins.property
+    def scope(self) -> Global___Scope:
+        """The target: required on the first message (later ones leave it unset or repeat it).
+        Every record goes to scope.user_id; with keep_record_scopes each keeps its own
+        persona_id and agent_id, else all land in exactly this scope.
+        """
+
+    def __init__(
+        self,
+        *,
+        scope: Global___Scope | None = ...,
+        json: _builtins.str = ...,
+        keep_record_scopes: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["scope", b"scope"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["json", b"json", "keep_record_scopes", b"keep_record_scopes", "scope", b"scope"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ImportMemoriesRequest: _TypeAlias = ImportMemoriesRequest  # noqa: Y015
+
+@_typing.final
+class ImportCounts(_message.Message):
+    """Imported and skipped records of one kind."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    IMPORTED_FIELD_NUMBER: _builtins.int
+    SKIPPED_FIELD_NUMBER: _builtins.int
+    imported: _builtins.int
+    """Written now."""
+    skipped: _builtins.int
+    """Already present (an earlier import of the same record), not written again."""
+    def __init__(
+        self,
+        *,
+        imported: _builtins.int = ...,
+        skipped: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["imported", b"imported", "skipped", b"skipped"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ImportCounts: _TypeAlias = ImportCounts  # noqa: Y015
+
+@_typing.final
+class ImportMemoriesResponse(_message.Message):
+    """What an import wrote."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MEMORIES_FIELD_NUMBER: _builtins.int
+    EPISODES_FIELD_NUMBER: _builtins.int
+    TOPICS_FIELD_NUMBER: _builtins.int
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    LINES_FIELD_NUMBER: _builtins.int
+    lines: _builtins.int
+    """Lines read (summary included)."""
+    @_builtins.property
+    def memories(self) -> Global___ImportCounts:
+        """Memory versions (history included)."""
+
+    @_builtins.property
+    def episodes(self) -> Global___ImportCounts:
+        """Episodes."""
+
+    @_builtins.property
+    def topics(self) -> Global___ImportCounts:
+        """Topics."""
+
+    @_builtins.property
+    def messages(self) -> Global___ImportCounts:
+        """Messages."""
+
+    def __init__(
+        self,
+        *,
+        memories: Global___ImportCounts | None = ...,
+        episodes: Global___ImportCounts | None = ...,
+        topics: Global___ImportCounts | None = ...,
+        messages: Global___ImportCounts | None = ...,
+        lines: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["episodes", b"episodes", "memories", b"memories", "messages", b"messages", "topics", b"topics"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["episodes", b"episodes", "lines", b"lines", "memories", b"memories", "messages", b"messages", "topics", b"topics"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ImportMemoriesResponse: _TypeAlias = ImportMemoriesResponse  # noqa: Y015
+
+@_typing.final
+class WatchMemoriesRequest(_message.Message):
+    """Follow a scope's or a user's changes."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCOPE_FIELD_NUMBER: _builtins.int
+    WHOLE_USER_FIELD_NUMBER: _builtins.int
+    AFTER_POSITION_FIELD_NUMBER: _builtins.int
+    whole_user: _builtins.bool
+    """Every persona and agent of scope.user_id. Default false: the exact scope only."""
+    after_position: _builtins.int
+    """Resume after this position (MemoryChange.position of the last change handled); 0 means
+    the oldest retained change (MEMSVC_CHANGES_RETENTION_S, 7 days by default). Unset: from
+    now on.
+    """
+    @_builtins.property
+    def scope(self) -> Global___Scope:
+        """Required: the scope. With whole_user, only user_id (persona and agent empty)."""
+
+    def __init__(
+        self,
+        *,
+        scope: Global___Scope | None = ...,
+        whole_user: _builtins.bool = ...,
+        after_position: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_after_position", b"_after_position", "after_position", b"after_position", "scope", b"scope"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_after_position", b"_after_position", "after_position", b"after_position", "scope", b"scope", "whole_user", b"whole_user"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__after_position: _TypeAlias = _typing.Literal["after_position"]  # noqa: Y015
+    _WhichOneofArgType__after_position: _TypeAlias = _typing.Literal["_after_position", b"_after_position"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__after_position) -> _WhichOneofReturnType__after_position | None: ...
+
+Global___WatchMemoriesRequest: _TypeAlias = WatchMemoriesRequest  # noqa: Y015
+
+@_typing.final
+class MemoryChange(_message.Message):
+    """One change, in commit order."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POSITION_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    MEMORY_ID_FIELD_NUMBER: _builtins.int
+    SCOPE_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    CHANGED_AT_FIELD_NUMBER: _builtins.int
+    SUPERSEDED_BY_ID_FIELD_NUMBER: _builtins.int
+    BLOCK_FIELD_NUMBER: _builtins.int
+    position: _builtins.int
+    """Increasing within a user; resume with after_position = this."""
+    kind: Global___ChangeKind.ValueType
+    """What happened."""
+    memory_id: _builtins.str
+    """The memory's id (empty for core blocks, erasure and heartbeats)."""
+    version: _builtins.int
+    """The user's content version after the change (the Prefetch cache key's version)."""
+    superseded_by_id: _builtins.str
+    """SUPERSEDED: the version that replaced it."""
+    block: Global___CoreBlockKind.ValueType
+    """CORE_BLOCK_UPDATED: which block."""
+    @_builtins.property
+    def scope(self) -> Global___Scope:
+        """The exact scope of the memory or block."""
+
+    @_builtins.property
+    def changed_at(self) -> _timestamp_pb2.Timestamp:
+        """When it was committed (UTC)."""
+
+    def __init__(
+        self,
+        *,
+        position: _builtins.int = ...,
+        kind: Global___ChangeKind.ValueType = ...,
+        memory_id: _builtins.str = ...,
+        scope: Global___Scope | None = ...,
+        version: _builtins.int = ...,
+        changed_at: _timestamp_pb2.Timestamp | None = ...,
+        superseded_by_id: _builtins.str = ...,
+        block: Global___CoreBlockKind.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["changed_at", b"changed_at", "scope", b"scope"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block", b"block", "changed_at", b"changed_at", "kind", b"kind", "memory_id", b"memory_id", "position", b"position", "scope", b"scope", "superseded_by_id", b"superseded_by_id", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MemoryChange: _TypeAlias = MemoryChange  # noqa: Y015

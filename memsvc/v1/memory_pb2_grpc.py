@@ -90,6 +90,61 @@ class MemoryServiceStub:
                 request_serializer=memsvc_dot_v1_dot_memory__pb2.ExportMemoriesRequest.SerializeToString,
                 response_deserializer=memsvc_dot_v1_dot_memory__pb2.ExportRecord.FromString,
                 _registered_method=True)
+        self.GetCoreBlocks = channel.unary_unary(
+                '/memsvc.v1.MemoryService/GetCoreBlocks',
+                request_serializer=memsvc_dot_v1_dot_memory__pb2.GetCoreBlocksRequest.SerializeToString,
+                response_deserializer=memsvc_dot_v1_dot_memory__pb2.GetCoreBlocksResponse.FromString,
+                _registered_method=True)
+        self.UpdateCoreBlock = channel.unary_unary(
+                '/memsvc.v1.MemoryService/UpdateCoreBlock',
+                request_serializer=memsvc_dot_v1_dot_memory__pb2.UpdateCoreBlockRequest.SerializeToString,
+                response_deserializer=memsvc_dot_v1_dot_memory__pb2.UpdateCoreBlockResponse.FromString,
+                _registered_method=True)
+        self.GetCoreBlockHistory = channel.unary_unary(
+                '/memsvc.v1.MemoryService/GetCoreBlockHistory',
+                request_serializer=memsvc_dot_v1_dot_memory__pb2.GetCoreBlockHistoryRequest.SerializeToString,
+                response_deserializer=memsvc_dot_v1_dot_memory__pb2.GetCoreBlockHistoryResponse.FromString,
+                _registered_method=True)
+        self.UpdateMemory = channel.unary_unary(
+                '/memsvc.v1.MemoryService/UpdateMemory',
+                request_serializer=memsvc_dot_v1_dot_memory__pb2.UpdateMemoryRequest.SerializeToString,
+                response_deserializer=memsvc_dot_v1_dot_memory__pb2.UpdateMemoryResponse.FromString,
+                _registered_method=True)
+        self.GetMemory = channel.unary_unary(
+                '/memsvc.v1.MemoryService/GetMemory',
+                request_serializer=memsvc_dot_v1_dot_memory__pb2.GetMemoryRequest.SerializeToString,
+                response_deserializer=memsvc_dot_v1_dot_memory__pb2.Memory.FromString,
+                _registered_method=True)
+        self.ListSessions = channel.unary_unary(
+                '/memsvc.v1.MemoryService/ListSessions',
+                request_serializer=memsvc_dot_v1_dot_memory__pb2.ListSessionsRequest.SerializeToString,
+                response_deserializer=memsvc_dot_v1_dot_memory__pb2.ListSessionsResponse.FromString,
+                _registered_method=True)
+        self.ListEpisodes = channel.unary_unary(
+                '/memsvc.v1.MemoryService/ListEpisodes',
+                request_serializer=memsvc_dot_v1_dot_memory__pb2.ListEpisodesRequest.SerializeToString,
+                response_deserializer=memsvc_dot_v1_dot_memory__pb2.ListEpisodesResponse.FromString,
+                _registered_method=True)
+        self.ForgetSession = channel.unary_unary(
+                '/memsvc.v1.MemoryService/ForgetSession',
+                request_serializer=memsvc_dot_v1_dot_memory__pb2.ForgetSessionRequest.SerializeToString,
+                response_deserializer=memsvc_dot_v1_dot_memory__pb2.ForgetSessionResponse.FromString,
+                _registered_method=True)
+        self.RememberBatch = channel.unary_unary(
+                '/memsvc.v1.MemoryService/RememberBatch',
+                request_serializer=memsvc_dot_v1_dot_memory__pb2.RememberBatchRequest.SerializeToString,
+                response_deserializer=memsvc_dot_v1_dot_memory__pb2.RememberBatchResponse.FromString,
+                _registered_method=True)
+        self.ImportMemories = channel.stream_unary(
+                '/memsvc.v1.MemoryService/ImportMemories',
+                request_serializer=memsvc_dot_v1_dot_memory__pb2.ImportMemoriesRequest.SerializeToString,
+                response_deserializer=memsvc_dot_v1_dot_memory__pb2.ImportMemoriesResponse.FromString,
+                _registered_method=True)
+        self.WatchMemories = channel.unary_stream(
+                '/memsvc.v1.MemoryService/WatchMemories',
+                request_serializer=memsvc_dot_v1_dot_memory__pb2.WatchMemoriesRequest.SerializeToString,
+                response_deserializer=memsvc_dot_v1_dot_memory__pb2.MemoryChange.FromString,
+                _registered_method=True)
 
 
 class MemoryServiceServicer:
@@ -200,6 +255,114 @@ class MemoryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetCoreBlocks(self, request, context):
+        """The scope's two core blocks, always shown first by Prefetch: the persona block (about the
+        virtual persona: description, voice, backstory) and the human block (the few facts that
+        always apply to this user: the text written with UpdateCoreBlock plus the core facts that
+        extraction promoted or the caller pinned). Read-only, safe to retry. Errors:
+        INVALID_ARGUMENT, UNAUTHENTICATED, UNAVAILABLE.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateCoreBlock(self, request, context):
+        """Replace or append to one core block of one exact scope; the application, an operator or
+        the agent itself (self-editing) may call it. The previous text stays in the block's
+        history (GetCoreBlockHistory) and the Prefetch cache is invalidated. Not safe to retry
+        blindly with APPEND (set expected_revision). Errors: INVALID_ARGUMENT (unknown block or
+        mode, text too long for the block's limit, control characters), FAILED_PRECONDITION
+        (expected_revision is not the current one, or APPEND would pass the limit), UNAUTHENTICATED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetCoreBlockHistory(self, request, context):
+        """Every revision of one core block, newest first. Errors: INVALID_ARGUMENT.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateMemory(self, request, context):
+        """Change pinned, category, role, sharing, retention/ttl or confidence of one current memory
+        in place (its id, content and validity stay), naming the fields in update_mask. The edit
+        is kept in the memory's history (GetMemoryHistory `edits`) and the Prefetch cache is
+        invalidated. Same scope rule as Correct: only a memory written in exactly this scope.
+        Errors: INVALID_ARGUMENT (empty or unknown mask path, bad value), NOT_FOUND,
+        FAILED_PRECONDITION (superseded version). Safe to retry (the same values apply once).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetMemory(self, request, context):
+        """One memory by id, as ListMemories shows it: current or superseded, in this exact scope or
+        shared into it. Read-only. Errors: INVALID_ARGUMENT, NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSessions(self, request, context):
+        """The scope's sessions (from Ingest), most recent first, with their first and last message
+        times and message, fact and episode counts. Read-only. Errors: INVALID_ARGUMENT.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListEpisodes(self, request, context):
+        """The scope's episodes (session summaries), most recent first. Read-only.
+        Errors: INVALID_ARGUMENT.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ForgetSession(self, request, context):
+        """Hard deletion of one session of one exact scope: its messages, its episode, its pending
+        ingest work, and the facts learned only in it (a fact also stated in another session or
+        stored explicitly stays, without this session's message ids). Errors: INVALID_ARGUMENT,
+        NOT_FOUND (no such session in this scope; nothing is deleted).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RememberBatch(self, request, context):
+        """Store up to 100 memories in one call, each as Remember would. `atomic`: all or nothing
+        (any invalid item is INVALID_ARGUMENT naming it, and nothing is written); otherwise each
+        item succeeds or fails on its own and `results` says which. Not safe to retry blindly
+        (a repeat reinforces). Errors: INVALID_ARGUMENT, UNAUTHENTICATED, UNAVAILABLE.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ImportMemories(self, request_iterator, context):
+        """The inverse of ExportMemories: a client stream of the JSON lines it wrote, into one user.
+        Idempotent (a record already imported is skipped, so a re-run imports nothing twice);
+        history, validity and provenance are kept. All or nothing: any bad line is
+        INVALID_ARGUMENT naming its number, and nothing is written. Errors: INVALID_ARGUMENT,
+        RESOURCE_EXHAUSTED (more than MEMSVC_IMPORT_MAX_LINES lines), UNAUTHENTICATED, UNAVAILABLE.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchMemories(self, request, context):
+        """A server stream of a scope's (or a whole user's) memory changes, in commit order, from a
+        resumable position; heartbeats carry the current position while nothing changes. The
+        stream runs until the caller cancels it or its deadline ends. Errors: INVALID_ARGUMENT,
+        OUT_OF_RANGE (after_position older than the retained changes: re-read with ListMemories
+        and watch from now), UNAUTHENTICATED, RESOURCE_EXHAUSTED (too many watchers).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MemoryServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -252,6 +415,61 @@ def add_MemoryServiceServicer_to_server(servicer, server):
                     servicer.ExportMemories,
                     request_deserializer=memsvc_dot_v1_dot_memory__pb2.ExportMemoriesRequest.FromString,
                     response_serializer=memsvc_dot_v1_dot_memory__pb2.ExportRecord.SerializeToString,
+            ),
+            'GetCoreBlocks': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCoreBlocks,
+                    request_deserializer=memsvc_dot_v1_dot_memory__pb2.GetCoreBlocksRequest.FromString,
+                    response_serializer=memsvc_dot_v1_dot_memory__pb2.GetCoreBlocksResponse.SerializeToString,
+            ),
+            'UpdateCoreBlock': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateCoreBlock,
+                    request_deserializer=memsvc_dot_v1_dot_memory__pb2.UpdateCoreBlockRequest.FromString,
+                    response_serializer=memsvc_dot_v1_dot_memory__pb2.UpdateCoreBlockResponse.SerializeToString,
+            ),
+            'GetCoreBlockHistory': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCoreBlockHistory,
+                    request_deserializer=memsvc_dot_v1_dot_memory__pb2.GetCoreBlockHistoryRequest.FromString,
+                    response_serializer=memsvc_dot_v1_dot_memory__pb2.GetCoreBlockHistoryResponse.SerializeToString,
+            ),
+            'UpdateMemory': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateMemory,
+                    request_deserializer=memsvc_dot_v1_dot_memory__pb2.UpdateMemoryRequest.FromString,
+                    response_serializer=memsvc_dot_v1_dot_memory__pb2.UpdateMemoryResponse.SerializeToString,
+            ),
+            'GetMemory': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetMemory,
+                    request_deserializer=memsvc_dot_v1_dot_memory__pb2.GetMemoryRequest.FromString,
+                    response_serializer=memsvc_dot_v1_dot_memory__pb2.Memory.SerializeToString,
+            ),
+            'ListSessions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSessions,
+                    request_deserializer=memsvc_dot_v1_dot_memory__pb2.ListSessionsRequest.FromString,
+                    response_serializer=memsvc_dot_v1_dot_memory__pb2.ListSessionsResponse.SerializeToString,
+            ),
+            'ListEpisodes': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListEpisodes,
+                    request_deserializer=memsvc_dot_v1_dot_memory__pb2.ListEpisodesRequest.FromString,
+                    response_serializer=memsvc_dot_v1_dot_memory__pb2.ListEpisodesResponse.SerializeToString,
+            ),
+            'ForgetSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForgetSession,
+                    request_deserializer=memsvc_dot_v1_dot_memory__pb2.ForgetSessionRequest.FromString,
+                    response_serializer=memsvc_dot_v1_dot_memory__pb2.ForgetSessionResponse.SerializeToString,
+            ),
+            'RememberBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.RememberBatch,
+                    request_deserializer=memsvc_dot_v1_dot_memory__pb2.RememberBatchRequest.FromString,
+                    response_serializer=memsvc_dot_v1_dot_memory__pb2.RememberBatchResponse.SerializeToString,
+            ),
+            'ImportMemories': grpc.stream_unary_rpc_method_handler(
+                    servicer.ImportMemories,
+                    request_deserializer=memsvc_dot_v1_dot_memory__pb2.ImportMemoriesRequest.FromString,
+                    response_serializer=memsvc_dot_v1_dot_memory__pb2.ImportMemoriesResponse.SerializeToString,
+            ),
+            'WatchMemories': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchMemories,
+                    request_deserializer=memsvc_dot_v1_dot_memory__pb2.WatchMemoriesRequest.FromString,
+                    response_serializer=memsvc_dot_v1_dot_memory__pb2.MemoryChange.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -530,6 +748,303 @@ class MemoryService:
             '/memsvc.v1.MemoryService/ExportMemories',
             memsvc_dot_v1_dot_memory__pb2.ExportMemoriesRequest.SerializeToString,
             memsvc_dot_v1_dot_memory__pb2.ExportRecord.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetCoreBlocks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/memsvc.v1.MemoryService/GetCoreBlocks',
+            memsvc_dot_v1_dot_memory__pb2.GetCoreBlocksRequest.SerializeToString,
+            memsvc_dot_v1_dot_memory__pb2.GetCoreBlocksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateCoreBlock(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/memsvc.v1.MemoryService/UpdateCoreBlock',
+            memsvc_dot_v1_dot_memory__pb2.UpdateCoreBlockRequest.SerializeToString,
+            memsvc_dot_v1_dot_memory__pb2.UpdateCoreBlockResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetCoreBlockHistory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/memsvc.v1.MemoryService/GetCoreBlockHistory',
+            memsvc_dot_v1_dot_memory__pb2.GetCoreBlockHistoryRequest.SerializeToString,
+            memsvc_dot_v1_dot_memory__pb2.GetCoreBlockHistoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateMemory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/memsvc.v1.MemoryService/UpdateMemory',
+            memsvc_dot_v1_dot_memory__pb2.UpdateMemoryRequest.SerializeToString,
+            memsvc_dot_v1_dot_memory__pb2.UpdateMemoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetMemory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/memsvc.v1.MemoryService/GetMemory',
+            memsvc_dot_v1_dot_memory__pb2.GetMemoryRequest.SerializeToString,
+            memsvc_dot_v1_dot_memory__pb2.Memory.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSessions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/memsvc.v1.MemoryService/ListSessions',
+            memsvc_dot_v1_dot_memory__pb2.ListSessionsRequest.SerializeToString,
+            memsvc_dot_v1_dot_memory__pb2.ListSessionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListEpisodes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/memsvc.v1.MemoryService/ListEpisodes',
+            memsvc_dot_v1_dot_memory__pb2.ListEpisodesRequest.SerializeToString,
+            memsvc_dot_v1_dot_memory__pb2.ListEpisodesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForgetSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/memsvc.v1.MemoryService/ForgetSession',
+            memsvc_dot_v1_dot_memory__pb2.ForgetSessionRequest.SerializeToString,
+            memsvc_dot_v1_dot_memory__pb2.ForgetSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RememberBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/memsvc.v1.MemoryService/RememberBatch',
+            memsvc_dot_v1_dot_memory__pb2.RememberBatchRequest.SerializeToString,
+            memsvc_dot_v1_dot_memory__pb2.RememberBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ImportMemories(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/memsvc.v1.MemoryService/ImportMemories',
+            memsvc_dot_v1_dot_memory__pb2.ImportMemoriesRequest.SerializeToString,
+            memsvc_dot_v1_dot_memory__pb2.ImportMemoriesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchMemories(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/memsvc.v1.MemoryService/WatchMemories',
+            memsvc_dot_v1_dot_memory__pb2.WatchMemoriesRequest.SerializeToString,
+            memsvc_dot_v1_dot_memory__pb2.MemoryChange.FromString,
             options,
             channel_credentials,
             insecure,

@@ -109,6 +109,69 @@ class MemoryServiceStub:
     safe to retry (the stream restarts from the beginning). Errors: INVALID_ARGUMENT,
     UNAUTHENTICATED, UNAVAILABLE.
     """
+    GetCoreBlocks: _grpc.UnaryUnaryMultiCallable[_memory_pb2.GetCoreBlocksRequest, _memory_pb2.GetCoreBlocksResponse]
+    """The scope's two core blocks, always shown first by Prefetch: the persona block (about the
+    virtual persona: description, voice, backstory) and the human block (the few facts that
+    always apply to this user: the text written with UpdateCoreBlock plus the core facts that
+    extraction promoted or the caller pinned). Read-only, safe to retry. Errors:
+    INVALID_ARGUMENT, UNAUTHENTICATED, UNAVAILABLE.
+    """
+    UpdateCoreBlock: _grpc.UnaryUnaryMultiCallable[_memory_pb2.UpdateCoreBlockRequest, _memory_pb2.UpdateCoreBlockResponse]
+    """Replace or append to one core block of one exact scope; the application, an operator or
+    the agent itself (self-editing) may call it. The previous text stays in the block's
+    history (GetCoreBlockHistory) and the Prefetch cache is invalidated. Not safe to retry
+    blindly with APPEND (set expected_revision). Errors: INVALID_ARGUMENT (unknown block or
+    mode, text too long for the block's limit, control characters), FAILED_PRECONDITION
+    (expected_revision is not the current one, or APPEND would pass the limit), UNAUTHENTICATED.
+    """
+    GetCoreBlockHistory: _grpc.UnaryUnaryMultiCallable[_memory_pb2.GetCoreBlockHistoryRequest, _memory_pb2.GetCoreBlockHistoryResponse]
+    """Every revision of one core block, newest first. Errors: INVALID_ARGUMENT."""
+    UpdateMemory: _grpc.UnaryUnaryMultiCallable[_memory_pb2.UpdateMemoryRequest, _memory_pb2.UpdateMemoryResponse]
+    """Change pinned, category, role, sharing, retention/ttl or confidence of one current memory
+    in place (its id, content and validity stay), naming the fields in update_mask. The edit
+    is kept in the memory's history (GetMemoryHistory `edits`) and the Prefetch cache is
+    invalidated. Same scope rule as Correct: only a memory written in exactly this scope.
+    Errors: INVALID_ARGUMENT (empty or unknown mask path, bad value), NOT_FOUND,
+    FAILED_PRECONDITION (superseded version). Safe to retry (the same values apply once).
+    """
+    GetMemory: _grpc.UnaryUnaryMultiCallable[_memory_pb2.GetMemoryRequest, _memory_pb2.Memory]
+    """One memory by id, as ListMemories shows it: current or superseded, in this exact scope or
+    shared into it. Read-only. Errors: INVALID_ARGUMENT, NOT_FOUND.
+    """
+    ListSessions: _grpc.UnaryUnaryMultiCallable[_memory_pb2.ListSessionsRequest, _memory_pb2.ListSessionsResponse]
+    """The scope's sessions (from Ingest), most recent first, with their first and last message
+    times and message, fact and episode counts. Read-only. Errors: INVALID_ARGUMENT.
+    """
+    ListEpisodes: _grpc.UnaryUnaryMultiCallable[_memory_pb2.ListEpisodesRequest, _memory_pb2.ListEpisodesResponse]
+    """The scope's episodes (session summaries), most recent first. Read-only.
+    Errors: INVALID_ARGUMENT.
+    """
+    ForgetSession: _grpc.UnaryUnaryMultiCallable[_memory_pb2.ForgetSessionRequest, _memory_pb2.ForgetSessionResponse]
+    """Hard deletion of one session of one exact scope: its messages, its episode, its pending
+    ingest work, and the facts learned only in it (a fact also stated in another session or
+    stored explicitly stays, without this session's message ids). Errors: INVALID_ARGUMENT,
+    NOT_FOUND (no such session in this scope; nothing is deleted).
+    """
+    RememberBatch: _grpc.UnaryUnaryMultiCallable[_memory_pb2.RememberBatchRequest, _memory_pb2.RememberBatchResponse]
+    """Store up to 100 memories in one call, each as Remember would. `atomic`: all or nothing
+    (any invalid item is INVALID_ARGUMENT naming it, and nothing is written); otherwise each
+    item succeeds or fails on its own and `results` says which. Not safe to retry blindly
+    (a repeat reinforces). Errors: INVALID_ARGUMENT, UNAUTHENTICATED, UNAVAILABLE.
+    """
+    ImportMemories: _grpc.StreamUnaryMultiCallable[_memory_pb2.ImportMemoriesRequest, _memory_pb2.ImportMemoriesResponse]
+    """The inverse of ExportMemories: a client stream of the JSON lines it wrote, into one user.
+    Idempotent (a record already imported is skipped, so a re-run imports nothing twice);
+    history, validity and provenance are kept. All or nothing: any bad line is
+    INVALID_ARGUMENT naming its number, and nothing is written. Errors: INVALID_ARGUMENT,
+    RESOURCE_EXHAUSTED (more than MEMSVC_IMPORT_MAX_LINES lines), UNAUTHENTICATED, UNAVAILABLE.
+    """
+    WatchMemories: _grpc.UnaryStreamMultiCallable[_memory_pb2.WatchMemoriesRequest, _memory_pb2.MemoryChange]
+    """A server stream of a scope's (or a whole user's) memory changes, in commit order, from a
+    resumable position; heartbeats carry the current position while nothing changes. The
+    stream runs until the caller cancels it or its deadline ends. Errors: INVALID_ARGUMENT,
+    OUT_OF_RANGE (after_position older than the retained changes: re-read with ListMemories
+    and watch from now), UNAUTHENTICATED, RESOURCE_EXHAUSTED (too many watchers).
+    """
 
 @_typing.type_check_only
 class MemoryServiceAsyncStub(MemoryServiceStub):
@@ -178,6 +241,69 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     then one "summary" record with the counts. Within the caller's tenant only. Read-only,
     safe to retry (the stream restarts from the beginning). Errors: INVALID_ARGUMENT,
     UNAUTHENTICATED, UNAVAILABLE.
+    """
+    GetCoreBlocks: _aio.UnaryUnaryMultiCallable[_memory_pb2.GetCoreBlocksRequest, _memory_pb2.GetCoreBlocksResponse]  # type: ignore[assignment]
+    """The scope's two core blocks, always shown first by Prefetch: the persona block (about the
+    virtual persona: description, voice, backstory) and the human block (the few facts that
+    always apply to this user: the text written with UpdateCoreBlock plus the core facts that
+    extraction promoted or the caller pinned). Read-only, safe to retry. Errors:
+    INVALID_ARGUMENT, UNAUTHENTICATED, UNAVAILABLE.
+    """
+    UpdateCoreBlock: _aio.UnaryUnaryMultiCallable[_memory_pb2.UpdateCoreBlockRequest, _memory_pb2.UpdateCoreBlockResponse]  # type: ignore[assignment]
+    """Replace or append to one core block of one exact scope; the application, an operator or
+    the agent itself (self-editing) may call it. The previous text stays in the block's
+    history (GetCoreBlockHistory) and the Prefetch cache is invalidated. Not safe to retry
+    blindly with APPEND (set expected_revision). Errors: INVALID_ARGUMENT (unknown block or
+    mode, text too long for the block's limit, control characters), FAILED_PRECONDITION
+    (expected_revision is not the current one, or APPEND would pass the limit), UNAUTHENTICATED.
+    """
+    GetCoreBlockHistory: _aio.UnaryUnaryMultiCallable[_memory_pb2.GetCoreBlockHistoryRequest, _memory_pb2.GetCoreBlockHistoryResponse]  # type: ignore[assignment]
+    """Every revision of one core block, newest first. Errors: INVALID_ARGUMENT."""
+    UpdateMemory: _aio.UnaryUnaryMultiCallable[_memory_pb2.UpdateMemoryRequest, _memory_pb2.UpdateMemoryResponse]  # type: ignore[assignment]
+    """Change pinned, category, role, sharing, retention/ttl or confidence of one current memory
+    in place (its id, content and validity stay), naming the fields in update_mask. The edit
+    is kept in the memory's history (GetMemoryHistory `edits`) and the Prefetch cache is
+    invalidated. Same scope rule as Correct: only a memory written in exactly this scope.
+    Errors: INVALID_ARGUMENT (empty or unknown mask path, bad value), NOT_FOUND,
+    FAILED_PRECONDITION (superseded version). Safe to retry (the same values apply once).
+    """
+    GetMemory: _aio.UnaryUnaryMultiCallable[_memory_pb2.GetMemoryRequest, _memory_pb2.Memory]  # type: ignore[assignment]
+    """One memory by id, as ListMemories shows it: current or superseded, in this exact scope or
+    shared into it. Read-only. Errors: INVALID_ARGUMENT, NOT_FOUND.
+    """
+    ListSessions: _aio.UnaryUnaryMultiCallable[_memory_pb2.ListSessionsRequest, _memory_pb2.ListSessionsResponse]  # type: ignore[assignment]
+    """The scope's sessions (from Ingest), most recent first, with their first and last message
+    times and message, fact and episode counts. Read-only. Errors: INVALID_ARGUMENT.
+    """
+    ListEpisodes: _aio.UnaryUnaryMultiCallable[_memory_pb2.ListEpisodesRequest, _memory_pb2.ListEpisodesResponse]  # type: ignore[assignment]
+    """The scope's episodes (session summaries), most recent first. Read-only.
+    Errors: INVALID_ARGUMENT.
+    """
+    ForgetSession: _aio.UnaryUnaryMultiCallable[_memory_pb2.ForgetSessionRequest, _memory_pb2.ForgetSessionResponse]  # type: ignore[assignment]
+    """Hard deletion of one session of one exact scope: its messages, its episode, its pending
+    ingest work, and the facts learned only in it (a fact also stated in another session or
+    stored explicitly stays, without this session's message ids). Errors: INVALID_ARGUMENT,
+    NOT_FOUND (no such session in this scope; nothing is deleted).
+    """
+    RememberBatch: _aio.UnaryUnaryMultiCallable[_memory_pb2.RememberBatchRequest, _memory_pb2.RememberBatchResponse]  # type: ignore[assignment]
+    """Store up to 100 memories in one call, each as Remember would. `atomic`: all or nothing
+    (any invalid item is INVALID_ARGUMENT naming it, and nothing is written); otherwise each
+    item succeeds or fails on its own and `results` says which. Not safe to retry blindly
+    (a repeat reinforces). Errors: INVALID_ARGUMENT, UNAUTHENTICATED, UNAVAILABLE.
+    """
+    ImportMemories: _aio.StreamUnaryMultiCallable[_memory_pb2.ImportMemoriesRequest, _memory_pb2.ImportMemoriesResponse]  # type: ignore[assignment]
+    """The inverse of ExportMemories: a client stream of the JSON lines it wrote, into one user.
+    Idempotent (a record already imported is skipped, so a re-run imports nothing twice);
+    history, validity and provenance are kept. All or nothing: any bad line is
+    INVALID_ARGUMENT naming its number, and nothing is written. Errors: INVALID_ARGUMENT,
+    RESOURCE_EXHAUSTED (more than MEMSVC_IMPORT_MAX_LINES lines), UNAUTHENTICATED, UNAVAILABLE.
+    """
+    WatchMemories: _aio.UnaryStreamMultiCallable[_memory_pb2.WatchMemoriesRequest, _memory_pb2.MemoryChange]  # type: ignore[assignment]
+    """A server stream of a scope's (or a whole user's) memory changes, in commit order, from a
+    resumable position; heartbeats carry the current position while nothing changes. The
+    stream runs until the caller cancels it or its deadline ends. Errors: INVALID_ARGUMENT,
+    OUT_OF_RANGE (after_position older than the retained changes: re-read with ListMemories
+    and watch from now), UNAUTHENTICATED, RESOURCE_EXHAUSTED (too many watchers).
     """
 
 class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -305,6 +431,135 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         then one "summary" record with the counts. Within the caller's tenant only. Read-only,
         safe to retry (the stream restarts from the beginning). Errors: INVALID_ARGUMENT,
         UNAUTHENTICATED, UNAVAILABLE.
+        """
+
+    @_abc_1.abstractmethod
+    def GetCoreBlocks(
+        self,
+        request: _memory_pb2.GetCoreBlocksRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_memory_pb2.GetCoreBlocksResponse, _abc.Awaitable[_memory_pb2.GetCoreBlocksResponse]]:
+        """The scope's two core blocks, always shown first by Prefetch: the persona block (about the
+        virtual persona: description, voice, backstory) and the human block (the few facts that
+        always apply to this user: the text written with UpdateCoreBlock plus the core facts that
+        extraction promoted or the caller pinned). Read-only, safe to retry. Errors:
+        INVALID_ARGUMENT, UNAUTHENTICATED, UNAVAILABLE.
+        """
+
+    @_abc_1.abstractmethod
+    def UpdateCoreBlock(
+        self,
+        request: _memory_pb2.UpdateCoreBlockRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_memory_pb2.UpdateCoreBlockResponse, _abc.Awaitable[_memory_pb2.UpdateCoreBlockResponse]]:
+        """Replace or append to one core block of one exact scope; the application, an operator or
+        the agent itself (self-editing) may call it. The previous text stays in the block's
+        history (GetCoreBlockHistory) and the Prefetch cache is invalidated. Not safe to retry
+        blindly with APPEND (set expected_revision). Errors: INVALID_ARGUMENT (unknown block or
+        mode, text too long for the block's limit, control characters), FAILED_PRECONDITION
+        (expected_revision is not the current one, or APPEND would pass the limit), UNAUTHENTICATED.
+        """
+
+    @_abc_1.abstractmethod
+    def GetCoreBlockHistory(
+        self,
+        request: _memory_pb2.GetCoreBlockHistoryRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_memory_pb2.GetCoreBlockHistoryResponse, _abc.Awaitable[_memory_pb2.GetCoreBlockHistoryResponse]]:
+        """Every revision of one core block, newest first. Errors: INVALID_ARGUMENT."""
+
+    @_abc_1.abstractmethod
+    def UpdateMemory(
+        self,
+        request: _memory_pb2.UpdateMemoryRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_memory_pb2.UpdateMemoryResponse, _abc.Awaitable[_memory_pb2.UpdateMemoryResponse]]:
+        """Change pinned, category, role, sharing, retention/ttl or confidence of one current memory
+        in place (its id, content and validity stay), naming the fields in update_mask. The edit
+        is kept in the memory's history (GetMemoryHistory `edits`) and the Prefetch cache is
+        invalidated. Same scope rule as Correct: only a memory written in exactly this scope.
+        Errors: INVALID_ARGUMENT (empty or unknown mask path, bad value), NOT_FOUND,
+        FAILED_PRECONDITION (superseded version). Safe to retry (the same values apply once).
+        """
+
+    @_abc_1.abstractmethod
+    def GetMemory(
+        self,
+        request: _memory_pb2.GetMemoryRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_memory_pb2.Memory, _abc.Awaitable[_memory_pb2.Memory]]:
+        """One memory by id, as ListMemories shows it: current or superseded, in this exact scope or
+        shared into it. Read-only. Errors: INVALID_ARGUMENT, NOT_FOUND.
+        """
+
+    @_abc_1.abstractmethod
+    def ListSessions(
+        self,
+        request: _memory_pb2.ListSessionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_memory_pb2.ListSessionsResponse, _abc.Awaitable[_memory_pb2.ListSessionsResponse]]:
+        """The scope's sessions (from Ingest), most recent first, with their first and last message
+        times and message, fact and episode counts. Read-only. Errors: INVALID_ARGUMENT.
+        """
+
+    @_abc_1.abstractmethod
+    def ListEpisodes(
+        self,
+        request: _memory_pb2.ListEpisodesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_memory_pb2.ListEpisodesResponse, _abc.Awaitable[_memory_pb2.ListEpisodesResponse]]:
+        """The scope's episodes (session summaries), most recent first. Read-only.
+        Errors: INVALID_ARGUMENT.
+        """
+
+    @_abc_1.abstractmethod
+    def ForgetSession(
+        self,
+        request: _memory_pb2.ForgetSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_memory_pb2.ForgetSessionResponse, _abc.Awaitable[_memory_pb2.ForgetSessionResponse]]:
+        """Hard deletion of one session of one exact scope: its messages, its episode, its pending
+        ingest work, and the facts learned only in it (a fact also stated in another session or
+        stored explicitly stays, without this session's message ids). Errors: INVALID_ARGUMENT,
+        NOT_FOUND (no such session in this scope; nothing is deleted).
+        """
+
+    @_abc_1.abstractmethod
+    def RememberBatch(
+        self,
+        request: _memory_pb2.RememberBatchRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_memory_pb2.RememberBatchResponse, _abc.Awaitable[_memory_pb2.RememberBatchResponse]]:
+        """Store up to 100 memories in one call, each as Remember would. `atomic`: all or nothing
+        (any invalid item is INVALID_ARGUMENT naming it, and nothing is written); otherwise each
+        item succeeds or fails on its own and `results` says which. Not safe to retry blindly
+        (a repeat reinforces). Errors: INVALID_ARGUMENT, UNAUTHENTICATED, UNAVAILABLE.
+        """
+
+    @_abc_1.abstractmethod
+    def ImportMemories(
+        self,
+        request_iterator: _MaybeAsyncIterator[_memory_pb2.ImportMemoriesRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_memory_pb2.ImportMemoriesResponse, _abc.Awaitable[_memory_pb2.ImportMemoriesResponse]]:
+        """The inverse of ExportMemories: a client stream of the JSON lines it wrote, into one user.
+        Idempotent (a record already imported is skipped, so a re-run imports nothing twice);
+        history, validity and provenance are kept. All or nothing: any bad line is
+        INVALID_ARGUMENT naming its number, and nothing is written. Errors: INVALID_ARGUMENT,
+        RESOURCE_EXHAUSTED (more than MEMSVC_IMPORT_MAX_LINES lines), UNAUTHENTICATED, UNAVAILABLE.
+        """
+
+    @_abc_1.abstractmethod
+    def WatchMemories(
+        self,
+        request: _memory_pb2.WatchMemoriesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_memory_pb2.MemoryChange], _abc.AsyncIterator[_memory_pb2.MemoryChange]]:
+        """A server stream of a scope's (or a whole user's) memory changes, in commit order, from a
+        resumable position; heartbeats carry the current position while nothing changes. The
+        stream runs until the caller cancels it or its deadline ends. Errors: INVALID_ARGUMENT,
+        OUT_OF_RANGE (after_position older than the retained changes: re-read with ListMemories
+        and watch from now), UNAUTHENTICATED, RESOURCE_EXHAUSTED (too many watchers).
         """
 
 def add_MemoryServiceServicer_to_server(servicer: MemoryServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
