@@ -1518,8 +1518,9 @@ class RecallFilters(_message.Message):
 
     @_builtins.property
     def origins(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Only facts written this way: "explicit", "correction", "extraction", "compaction",
-        "import" (at most 10).
+        """Only facts written this way: "explicit" (Remember), "correction" (Correct), "extraction"
+        (Ingest workers), "compaction" (core summaries); imported facts keep their origin. At
+        most 10.
         """
 
     @_builtins.property
