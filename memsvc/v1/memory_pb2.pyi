@@ -339,9 +339,13 @@ class _ChangeKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ChangeKind
     CHANGE_KIND_CORE_BLOCK_UPDATED: _ChangeKind.ValueType  # 6
     """A core block was written (block says which; memory_id is empty)."""
     CHANGE_KIND_ERASED: _ChangeKind.ValueType  # 7
-    """The whole user was erased (Forget erase_user); earlier changes are gone with them."""
+    """The whole user was erased (Forget erase_user); earlier changes are gone with them. Sent
+    to every watcher of the user whatever its scope, with version 0.
+    """
     CHANGE_KIND_HEARTBEAT: _ChangeKind.ValueType  # 8
-    """Nothing changed for a while: position is the current one (persist it to resume)."""
+    """Sent first when a stream opens (with its start position), then whenever nothing changed
+    for MEMSVC_WATCH_HEARTBEAT_S: position is the current one (persist it to resume).
+    """
 
 class ChangeKind(_ChangeKind, metaclass=_ChangeKindEnumTypeWrapper):
     """---------------------------------------------------------------------------
@@ -367,9 +371,13 @@ CHANGE_KIND_EXPIRED: ChangeKind.ValueType  # 5
 CHANGE_KIND_CORE_BLOCK_UPDATED: ChangeKind.ValueType  # 6
 """A core block was written (block says which; memory_id is empty)."""
 CHANGE_KIND_ERASED: ChangeKind.ValueType  # 7
-"""The whole user was erased (Forget erase_user); earlier changes are gone with them."""
+"""The whole user was erased (Forget erase_user); earlier changes are gone with them. Sent
+to every watcher of the user whatever its scope, with version 0.
+"""
 CHANGE_KIND_HEARTBEAT: ChangeKind.ValueType  # 8
-"""Nothing changed for a while: position is the current one (persist it to resume)."""
+"""Sent first when a stream opens (with its start position), then whenever nothing changed
+for MEMSVC_WATCH_HEARTBEAT_S: position is the current one (persist it to resume).
+"""
 Global___ChangeKind: _TypeAlias = ChangeKind  # noqa: Y015
 
 @_typing.final
@@ -517,7 +525,8 @@ class Memory(_message.Message):
     """How long it is kept (USER_CONTROLLED, SESSION or TTL)."""
     effective_confidence: _builtins.float
     """`confidence` decayed to now by its category's half-life since it was last confirmed
-    (written, reinforced or corrected). Pinned and corrected memories do not decay.
+    (written, reinforced or corrected). Pinned and corrected memories do not decay;
+    a confidence set by UpdateMemory counts as a confirmation.
     """
     @_builtins.property
     def scope(self) -> Global___Scope:
@@ -1746,7 +1755,9 @@ class Message(_message.Message):
     role: Global___MessageRole.ValueType
     """Required: USER, ASSISTANT, SYSTEM or TOOL."""
     text: _builtins.str
-    """1..8,000 chars."""
+    """1..8,000 chars. Stored screened by the tenant's PII policy: `redact` and `reject` both
+    replace personal data by a label (a message is never refused); `store` keeps it.
+    """
     @_builtins.property
     def sent_at(self) -> _timestamp_pb2.Timestamp:
         """Required."""
@@ -1830,6 +1841,7 @@ class IngestResponse(_message.Message):
     DUPLICATE_FIELD_NUMBER: _builtins.int
     ACCEPTED_FIELD_NUMBER: _builtins.int
     DROPPED_FIELD_NUMBER: _builtins.int
+    REDACTED_FIELD_NUMBER: _builtins.int
     ingest_id: _builtins.str
     """UUID of the queued job; pass it to GetIngestStatus."""
     duplicate: _builtins.bool
@@ -1838,6 +1850,8 @@ class IngestResponse(_message.Message):
     """Messages stored by this call."""
     dropped: _builtins.int
     """Messages ignored because this session already held their message_id."""
+    redacted: _builtins.int
+    """Messages stored with personal data replaced under the tenant's PII policy."""
     def __init__(
         self,
         *,
@@ -1845,10 +1859,11 @@ class IngestResponse(_message.Message):
         duplicate: _builtins.bool = ...,
         accepted: _builtins.int = ...,
         dropped: _builtins.int = ...,
+        redacted: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "dropped", b"dropped", "duplicate", b"duplicate", "ingest_id", b"ingest_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "dropped", b"dropped", "duplicate", b"duplicate", "ingest_id", b"ingest_id", "redacted", b"redacted"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2051,8 +2066,8 @@ class ExportRecord(_message.Message):
     TYPE_FIELD_NUMBER: _builtins.int
     JSON_FIELD_NUMBER: _builtins.int
     type: _builtins.str
-    """"memory" (every version, history included), "episode", "topic", "message", and last
-    "summary" (the counts of each kind).
+    """"memory" (every version, history included, with its in-place edits), "core_block" (every
+    revision), "episode", "topic", "message", and last "summary" (the counts of each kind).
     """
     json: _builtins.str
     """One JSON object on one line (no line breaks inside)."""
@@ -2426,7 +2441,8 @@ class UpdateMemoryRequest(_message.Message):
     def update_mask(self) -> _field_mask_pb2.FieldMask:
         """Required: the fields to change, from "pinned", "category", "role", "sharing",
         "retention_policy", "ttl", "confidence". A field outside the mask is ignored. "ttl"
-        goes with retention_policy TTL; setting retention_policy to TTL needs "ttl" too.
+        goes with retention_policy TTL; setting retention_policy to TTL needs "ttl" too. In JSON
+        (grpcurl) give it as an object: {"paths": ["pinned", "category"]}.
         """
 
     @_builtins.property
@@ -2946,6 +2962,7 @@ class ImportMemoriesResponse(_message.Message):
     TOPICS_FIELD_NUMBER: _builtins.int
     MESSAGES_FIELD_NUMBER: _builtins.int
     LINES_FIELD_NUMBER: _builtins.int
+    CORE_BLOCKS_FIELD_NUMBER: _builtins.int
     lines: _builtins.int
     """Lines read (summary included)."""
     @_builtins.property
@@ -2964,6 +2981,10 @@ class ImportMemoriesResponse(_message.Message):
     def messages(self) -> Global___ImportCounts:
         """Messages."""
 
+    @_builtins.property
+    def core_blocks(self) -> Global___ImportCounts:
+        """Core block revisions."""
+
     def __init__(
         self,
         *,
@@ -2972,10 +2993,11 @@ class ImportMemoriesResponse(_message.Message):
         topics: Global___ImportCounts | None = ...,
         messages: Global___ImportCounts | None = ...,
         lines: _builtins.int = ...,
+        core_blocks: Global___ImportCounts | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["episodes", b"episodes", "memories", b"memories", "messages", b"messages", "topics", b"topics"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["core_blocks", b"core_blocks", "episodes", b"episodes", "memories", b"memories", "messages", b"messages", "topics", b"topics"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["episodes", b"episodes", "lines", b"lines", "memories", b"memories", "messages", b"messages", "topics", b"topics"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["core_blocks", b"core_blocks", "episodes", b"episodes", "lines", b"lines", "memories", b"memories", "messages", b"messages", "topics", b"topics"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

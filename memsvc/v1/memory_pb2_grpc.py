@@ -291,7 +291,9 @@ class MemoryServiceServicer:
         is kept in the memory's history (GetMemoryHistory `edits`) and the Prefetch cache is
         invalidated. Same scope rule as Correct: only a memory written in exactly this scope.
         Errors: INVALID_ARGUMENT (empty or unknown mask path, bad value), NOT_FOUND,
-        FAILED_PRECONDITION (superseded version). Safe to retry (the same values apply once).
+        FAILED_PRECONDITION (superseded version; or pinning / the core role for content that
+        holds personal data, which core memory never keeps). Safe to retry (the same values apply
+        once).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -132,7 +132,9 @@ class MemoryServiceStub:
     is kept in the memory's history (GetMemoryHistory `edits`) and the Prefetch cache is
     invalidated. Same scope rule as Correct: only a memory written in exactly this scope.
     Errors: INVALID_ARGUMENT (empty or unknown mask path, bad value), NOT_FOUND,
-    FAILED_PRECONDITION (superseded version). Safe to retry (the same values apply once).
+    FAILED_PRECONDITION (superseded version; or pinning / the core role for content that
+    holds personal data, which core memory never keeps). Safe to retry (the same values apply
+    once).
     """
     GetMemory: _grpc.UnaryUnaryMultiCallable[_memory_pb2.GetMemoryRequest, _memory_pb2.Memory]
     """One memory by id, as ListMemories shows it: current or superseded, in this exact scope or
@@ -265,7 +267,9 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     is kept in the memory's history (GetMemoryHistory `edits`) and the Prefetch cache is
     invalidated. Same scope rule as Correct: only a memory written in exactly this scope.
     Errors: INVALID_ARGUMENT (empty or unknown mask path, bad value), NOT_FOUND,
-    FAILED_PRECONDITION (superseded version). Safe to retry (the same values apply once).
+    FAILED_PRECONDITION (superseded version; or pinning / the core role for content that
+    holds personal data, which core memory never keeps). Safe to retry (the same values apply
+    once).
     """
     GetMemory: _aio.UnaryUnaryMultiCallable[_memory_pb2.GetMemoryRequest, _memory_pb2.Memory]  # type: ignore[assignment]
     """One memory by id, as ListMemories shows it: current or superseded, in this exact scope or
@@ -479,7 +483,9 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         is kept in the memory's history (GetMemoryHistory `edits`) and the Prefetch cache is
         invalidated. Same scope rule as Correct: only a memory written in exactly this scope.
         Errors: INVALID_ARGUMENT (empty or unknown mask path, bad value), NOT_FOUND,
-        FAILED_PRECONDITION (superseded version). Safe to retry (the same values apply once).
+        FAILED_PRECONDITION (superseded version; or pinning / the core role for content that
+        holds personal data, which core memory never keeps). Safe to retry (the same values apply
+        once).
         """
 
     @_abc_1.abstractmethod
