@@ -433,13 +433,14 @@ TURNS = (
 async def test_ingest_redacts_facts_and_episodes(
     caller: Caller, pool: asyncpg.Pool, drain: Callable[[], Awaitable[int]]
 ) -> None:
-    before = _metric("phone", "redact", "extraction")
+    # The messages are redacted at Ingest: extraction then sees only placeholders.
+    before = _metric("phone", "redact", "ingest")
     reply = await ingest(caller, [msg("alice", t) for t in TURNS], end_of_session=True)
     assert await drain() >= 1
     outcome = await _status(caller, reply.ingest_id)
     assert outcome.redacted == 3  # two facts and the episode
     assert outcome.pii_rejected == 0 and outcome.added == 3
-    assert _metric("phone", "redact", "extraction") > before
+    assert _metric("phone", "redact", "ingest") > before
     contents = await _contents(caller)
     assert "The user wants to call their mom at [redacted phone number]." in contents
     assert "The user's card number is [redacted card number]." in contents

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Sequence
 
@@ -18,6 +19,9 @@ _VAGUE = frozenset(
 )
 _DROP = frozenset({"DET", "PRON", "PUNCT", "SPACE", "CCONJ", "ADP"})
 _MAX_SUMMARY_FACTS = 6
+# Bracketed text ("[redacted card number]", the placeholder of personal data removed at
+# Ingest) names nothing talked about.
+_BRACKETED = re.compile(r"\[[^\[\]]*\]")
 
 
 def _subjects(docs: Sequence[Doc]) -> list[str]:
@@ -26,9 +30,13 @@ def _subjects(docs: Sequence[Doc]) -> list[str]:
     first: dict[str, int] = {}
     position = 0
     for doc in docs:
+        brackets = [m.span() for m in _BRACKETED.finditer(doc.text)]
         for chunk in doc.noun_chunks:
             position += 1
             if chunk.root.pos_ in ("PRON", "NUM") or chunk.root.lemma_.lower() in _VAGUE:
+                continue
+            start, end = chunk.start_char, chunk.end_char
+            if any(start < b_end and end > b_start for b_start, b_end in brackets):
                 continue
             if chunk.root.ent_type_ in ("DATE", "TIME", "CARDINAL", "ORDINAL", "PERSON"):
                 continue

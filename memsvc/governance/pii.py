@@ -47,6 +47,44 @@ def placeholder(kind: str) -> str:
     return f"[redacted {LABELS[kind]}]"
 
 
+def _label_pattern(label: str) -> str:
+    """A label as a parser may have spaced it out: "one - time code" for "one-time code"."""
+    words = (r"\s*-\s*".join(map(re.escape, w.split("-"))) for w in label.split())
+    return r"\s+".join(words)
+
+
+_LABEL_ALTERNATIVES = "|".join(_label_pattern(label) for label in LABELS.values())
+# A placeholder, also with a bracket split off or lost by a parser ("[ redacted phone number");
+# at least one bracket must be there: "I redacted email addresses" is no placeholder.
+_PLACEHOLDER = re.compile(
+    rf"\[\s*redacted\s+(?P<a>{_LABEL_ALTERNATIVES})(?:\s*\])?"
+    rf"|(?<!\[)\bredacted\s+(?P<b>{_LABEL_ALTERNATIVES})\s*\]",
+    re.I,
+)
+_KIND_OF_LABEL = {label: kind for kind, label in LABELS.items()}
+
+
+def _kind_of(match: re.Match[str]) -> str:
+    label = match.group("a") or match.group("b")
+    return _KIND_OF_LABEL[re.sub(r"\s*-\s*", "-", re.sub(r"\s+", " ", label)).lower()]
+
+
+def tidy_placeholders(text: str) -> str:
+    """Placeholders written back whole where a parser split or lost a bracket."""
+    if "redacted" not in text.lower():
+        return text
+    return _PLACEHOLDER.sub(lambda m: placeholder(_kind_of(m)), text)
+
+
+def placeholder_kinds(text: str) -> tuple[str, ...]:
+    """The kinds whose placeholder the text holds (redacted earlier: text derived from a
+    stored message, which Ingest screened), in PII_KINDS order."""
+    if "redacted" not in text.lower():
+        return ()
+    found = {_kind_of(m) for m in _PLACEHOLDER.finditer(text)}
+    return tuple(k for k in PII_KINDS if k in found)
+
+
 @dataclass(frozen=True, order=True)
 class Span:
     """Personal data of one kind at text[start:end]."""
@@ -414,12 +452,21 @@ _PHONE_CONTEXT = re.compile(
 
 # Candidates libphonenumber examines per text: bounds the time of a text made of digits.
 _PHONE_MAX_TRIES = 200
+# Digits joined by at most four non-word characters: libphonenumber's candidates are digit
+# groups separated by up to four punctuation marks, and no valid number (country code
+# included) has fewer than 7 digits. A text without such a run needs no matcher: the matcher
+# costs about 0.5 ms a text, the rest of the screen about 0.05 ms.
+_PHONE_RUN = re.compile(r"\d(?:\W{0,4}\d)*")
+
+
+def _may_hold_phone(text: str) -> bool:
+    return any(sum(c.isdigit() for c in m.group()) >= 7 for m in _PHONE_RUN.finditer(text))
 
 
 def find_phones(text: str, regions: Sequence[str] = DEFAULT_PHONE_REGIONS) -> Iterator[Span]:
     """Phone numbers valid in their numbering plan: international (+...) anywhere, national
     ones of the given regions. Bare digit strings need a phone word nearby ("call me on")."""
-    if sum(c.isdigit() for c in text) < 7:
+    if sum(c.isdigit() for c in text) < 7 or not _may_hold_phone(text):
         return
     seen: set[tuple[int, int]] = set()
     for region in regions:
@@ -462,12 +509,19 @@ def detect(text: str, *, phone_regions: Sequence[str] = DEFAULT_PHONE_REGIONS) -
         find_ssns(text),
         find_uk_ni(text),
         find_emails(text),
-        find_phones(text, phone_regions),
     )
     for spans in detectors:
         for span in spans:
             if all(span.end <= c.start or span.start >= c.end for c in chosen):
                 chosen.append(span)
+    # Phones last, in the text with what was found blanked out (a phone overlapping it would
+    # be dropped anyway): a card number alone no longer wakes the costly matcher.
+    masked = text
+    for span in chosen:
+        masked = masked[: span.start] + "x" * (span.end - span.start) + masked[span.end :]
+    for span in find_phones(masked, phone_regions):
+        if all(span.end <= c.start or span.start >= c.end for c in chosen):
+            chosen.append(span)
     return sorted(chosen)
 
 

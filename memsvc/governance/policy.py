@@ -122,6 +122,13 @@ class TenantPolicies:
         else:
             self._cache.pop(tenant_id, None)
 
+    def peek(self, tenant_id: str) -> TenantPolicy | None:
+        """The tenant's policy when cached and fresh (no I/O); None: ``get`` must read it."""
+        cached = self._cache.get(tenant_id)
+        if cached is not None and time.monotonic() - cached[0] < self._cache_s:
+            return cached[1]
+        return None
+
     async def get(self, tenant_id: str, conn: Connection | None = None) -> TenantPolicy:
         """The tenant's policy; read through ``conn`` (or the pool) when not cached."""
         cached = self._cache.get(tenant_id)

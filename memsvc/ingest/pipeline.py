@@ -43,7 +43,13 @@ from memsvc.extraction.guardrails import (
 )
 from memsvc.extraction.predicates import HISTORICAL_OF, OPPOSITE
 from memsvc.governance.guard import PiiGuard
-from memsvc.governance.pii import Screened
+from memsvc.governance.pii import (
+    Screened,
+    effective_action,
+    placeholder_kinds,
+    tidy_placeholders,
+)
+from memsvc.governance.policy import REJECT
 from memsvc.ingest.failures import SPEAKER_ERRORS, InvalidExtraction, SpeakerFailures
 from memsvc.ingest.payload import JobPayload, parse_payload
 from memsvc.memories.compaction import CoreCompactor
@@ -322,7 +328,12 @@ class ExtractionPipeline:
         async with self._acquire() as conn:
             previous = await store.episode_summary(conn, scope, job.session_id)
         episode = _merge_episode(previous, extraction.episode)
-        episode = self._screen_episode(episode, policy, outcome)
+        # Placeholders of this job's messages (Ingest redacted them) in the fresh episode.
+        fresh = extraction.episode
+        holds_redacted = fresh is not None and any(
+            placeholder_kinds(t) for t in (fresh.title, fresh.summary, fresh.excerpt)
+        )
+        episode = self._screen_episode(episode, policy, outcome, holds_redacted=holds_redacted)
         return await self._embed(candidates, topics, episode, previous)
 
     async def _embed(
@@ -495,47 +506,71 @@ class ExtractionPipeline:
         self, candidates: Sequence[CandidateFact], policy: Mapping[str, str], outcome: Outcome
     ) -> list[CandidateFact]:
         """The PII screen, before embedding and dedup: personal data in a fact's content,
-        subject and object is redacted, or the fact is dropped when the tenant rejects it."""
+        subject and object is redacted, or the fact is dropped when the tenant rejects it.
+        A fact already holding a placeholder (its message was redacted at Ingest) counts as
+        redacted, or is dropped when the tenant rejects that kind: a rejected kind never
+        becomes a fact, not even as its placeholder."""
         kept: list[CandidateFact] = []
         found: list[Screened] = []
         for fact in candidates:
             core = self._guard.is_core(fact.role, pinned=False)
-            content, subject, obj = (
-                self._guard.screen(text, policy, core=core)
-                for text in (fact.content, fact.subject, fact.object)
-            )
+            texts = [tidy_placeholders(t) for t in (fact.content, fact.subject, fact.object)]
+            content, subject, obj = (self._guard.screen(t, policy, core=core) for t in texts)
             found += (content, subject, obj)
-            if content.rejected_kinds or subject.rejected_kinds or obj.rejected_kinds:
+            earlier = {k for t in texts for k in placeholder_kinds(t)}
+            if (
+                content.rejected_kinds
+                or subject.rejected_kinds
+                or obj.rejected_kinds
+                or any(effective_action(policy, k, core=core) == REJECT for k in earlier)
+            ):
                 outcome.pii_rejected += 1
                 continue
-            if content.redactions or subject.redactions or obj.redactions:
+            if earlier or content.redactions or subject.redactions or obj.redactions:
                 outcome.redacted += 1
+            if (content.text, subject.text, obj.text) != (fact.content, fact.subject, fact.object):
                 fact = replace(fact, content=content.text, subject=subject.text, object=obj.text)
             kept.append(fact)
         self._guard.record("extraction", found)
         return kept
 
     def _screen_topics(self, topics: Sequence[str], policy: Mapping[str, str]) -> tuple[str, ...]:
-        """A topic name holding personal data the tenant does not store is not linked."""
+        """A topic name holding personal data the tenant does not store (or a placeholder of
+        it) is not linked."""
         screened = [self._guard.screen(t, policy) for t in topics]
         self._guard.record("extraction", screened)
-        return tuple(t for t, s in zip(topics, screened, strict=True) if s.text == t)
+        return tuple(
+            t
+            for t, s in zip(topics, screened, strict=True)
+            if s.text == t and not placeholder_kinds(t)
+        )
 
     def _screen_episode(
-        self, episode: CandidateEpisode | None, policy: Mapping[str, str], outcome: Outcome
+        self,
+        episode: CandidateEpisode | None,
+        policy: Mapping[str, str],
+        outcome: Outcome,
+        *,
+        holds_redacted: bool = False,
     ) -> CandidateEpisode | None:
         """An episode's title, summary and excerpt are redacted (a rejected kind too: the
-        episode itself is kept)."""
+        episode itself is kept). ``holds_redacted``: this job's part of it already holds
+        placeholders (its messages were redacted at Ingest); it counts as redacted."""
         if episode is None:
             return None
         title, summary, excerpt = (
-            self._guard.screen(text, policy, may_reject=False)
+            self._guard.screen(tidy_placeholders(text), policy, may_reject=False)
             for text in (episode.title, episode.summary, episode.excerpt)
         )
         self._guard.record("extraction", [title, summary, excerpt])
-        if not (title.redactions or summary.redactions or excerpt.redactions):
+        if holds_redacted or title.redactions or summary.redactions or excerpt.redactions:
+            outcome.redacted += 1
+        if (title.text, summary.text, excerpt.text) == (
+            episode.title,
+            episode.summary,
+            episode.excerpt,
+        ):
             return episode
-        outcome.redacted += 1
         return replace(episode, title=title.text, summary=summary.text, excerpt=excerpt.text)
 
     def _goal_facts(self, speaker: _Speaker) -> list[CandidateFact]:
@@ -596,7 +631,11 @@ class ExtractionPipeline:
             verdict = await self._decide_gray(candidate, verdict)
         if verdict.decision is Decision.NOOP and verdict.target is not None:
             await store.reinforce(
-                conn, scope, verdict.target.memory_id, candidate.source_message_ids
+                conn,
+                scope,
+                verdict.target.memory_id,
+                candidate.source_message_ids,
+                job.session_id,
             )
             outcome.reinforced += 1
             return verdict.target.memory_id

@@ -1,20 +1,34 @@
-"""Ingest: store the turn's messages and one outbox row in one transaction, then return."""
+"""Ingest: store the turn's messages and one outbox row in one transaction, then return.
+
+The tenant's PII policy is applied before anything is written: a message's text (and a goal)
+is stored with personal data replaced by its placeholder ("[redacted card number]"), so no
+verbatim copy reaches the messages table, its lexical and context indexes, the embedding
+input or the outbox payload. A message cannot be refused without breaking the conversation
+record, so a kind the tenant rejects is redacted here too; extraction then drops every fact
+that holds its placeholder. Under "store" the text is kept as sent.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 
 import asyncpg
 
 from memsvc.concurrency.deadline import Budget
-from memsvc.errors import NotFound
-from memsvc.governance.policy import TenantPolicies
+from memsvc.errors import DeadlineExceeded, NotFound
+from memsvc.governance.guard import PiiGuard
+from memsvc.governance.policy import TenantPolicies, parse_pii_policy
 from memsvc.ingest.payload import JobPayload
 from memsvc.storage import outbox
 from memsvc.storage.messages import StoredMessage, insert_messages
 from memsvc.storage.model import Scope
 from memsvc.storage.pool import acquire
+
+# Characters of a turn screened on the event loop; a bigger turn is screened in a thread.
+_SCREEN_INLINE_CHARS = 8_000
 
 
 @dataclass(frozen=True)
@@ -36,6 +50,8 @@ class IngestReceipt:
     duplicate: bool
     accepted: int
     dropped: int
+    # Messages of this call whose stored text had personal data replaced (0 on a duplicate).
+    redacted: int = 0
 
 
 class IngestService:
@@ -47,23 +63,69 @@ class IngestService:
         *,
         acquire_timeout_s: float,
         policies: TenantPolicies | None = None,
+        guard: PiiGuard | None = None,
     ) -> None:
         self._pool = pool
         self._acquire_timeout_s = acquire_timeout_s
-        # The tenant's message TTL (None: messages never expire).
-        self._policies = policies
+        # The tenant's message TTL and PII policy (default: messages never expire, every kind
+        # of personal data is redacted).
+        self._policies = policies or TenantPolicies(
+            None, default_pii=parse_pii_policy("redact"), default_message_ttl_s=0
+        )
+        self._guard = guard or PiiGuard(self._policies)
+
+    def _screen(
+        self, command: IngestCommand, policy: Mapping[str, str]
+    ) -> tuple[IngestCommand, int]:
+        """The command as it may be stored, and how many messages were redacted. A message
+        is never refused: a rejected kind is redacted (``may_reject=False``)."""
+        texts = [m.text for m in command.messages]
+        screened = [self._guard.screen(t, policy, may_reject=False) for t in texts]
+        goals = [self._guard.screen(g, policy, may_reject=False) for g in command.goals]
+        self._guard.record("ingest", screened + goals)
+        changed = sum(s.text != t for s, t in zip(screened, texts, strict=True))
+        if not changed and all(s.text == g for s, g in zip(goals, command.goals, strict=True)):
+            return command, 0
+        messages = tuple(
+            m if s.text == m.text else replace(m, text=s.text)
+            for m, s in zip(command.messages, screened, strict=True)
+        )
+        return replace(command, messages=messages, goals=tuple(s.text for s in goals)), changed
+
+    async def _screened(
+        self, command: IngestCommand, policy: Mapping[str, str], budget: Budget
+    ) -> tuple[IngestCommand, int]:
+        """``_screen``, with no connection held. A big turn is screened in a thread (about
+        0.05-0.7 ms a message; 40 ms for 8,000 characters of digits), so other calls keep
+        being served meanwhile."""
+        chars = sum(len(m.text) for m in command.messages) + sum(map(len, command.goals))
+        if chars <= _SCREEN_INLINE_CHARS:
+            return self._screen(command, policy)
+        try:
+            async with asyncio.timeout(budget.remaining()):
+                return await asyncio.to_thread(self._screen, command, policy)
+        except TimeoutError:
+            raise DeadlineExceeded(
+                "Ingest: the PII screen of the messages ran out of time"
+            ) from None
 
     async def ingest(self, command: IngestCommand, budget: Budget) -> IngestReceipt:
-        """Exactly two writes: the outbox row (its unique key makes retries free), the messages."""
+        """Exactly two writes: the outbox row (its unique key makes retries free), the messages.
+        Before them, and before a connection is taken, the tenant's PII policy is applied."""
         ingest_id = uuid.uuid4()
+        ttl_s, redacted = 0, 0
+        if command.messages or command.goals:
+            tenant = command.scope.tenant_id
+            policy = self._policies.peek(tenant)
+            if policy is None:
+                async with acquire(self._pool, budget, timeout_s=self._acquire_timeout_s) as conn:
+                    policy = await self._policies.get(tenant, conn)
+            command, redacted = await self._screened(command, policy.pii, budget)
+            ttl_s = policy.message_ttl_s
         payload = JobPayload(
             command.end_of_session, command.goals, command.counterpart_persona_id
         ).as_json()
         async with acquire(self._pool, budget, timeout_s=self._acquire_timeout_s) as conn:
-            ttl_s = 0
-            if self._policies is not None and command.messages:
-                policy = await self._policies.get(command.scope.tenant_id, conn)
-                ttl_s = policy.message_ttl_s
             async with conn.transaction():
                 fresh = await outbox.enqueue(
                     conn,
@@ -87,7 +149,11 @@ class IngestService:
                 assert first is not None, "a conflicting key always has a row"
                 return IngestReceipt(first, duplicate=True, accepted=0, dropped=0)
         return IngestReceipt(
-            ingest_id, duplicate=False, accepted=accepted, dropped=len(command.messages) - accepted
+            ingest_id,
+            duplicate=False,
+            accepted=accepted,
+            dropped=len(command.messages) - accepted,
+            redacted=redacted,
         )
 
     async def status(
