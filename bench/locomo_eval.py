@@ -11,6 +11,13 @@ Each question is a Recall with types=[MESSAGE]; Recall@k is the share of the que
 evidence dia_ids among the top-k messages (a question without evidence counts as 1).
 The data is read from the shared folder and never copied into the project.
 
+Minimum relevance (``--min-scores 0,0.1,...``): every question is asked once with
+``filters.min_score = 0`` and top_k 100, and each threshold is applied to the items'
+``relevance`` (what the server does before its top-k cut): Recall@k of the questions with
+evidence at each threshold, and the share of OFF_TOPIC questions (written for this check,
+about things no LoCoMo conversation is about) that return no items at all, asked of every
+conversation both over messages and over the default kinds (facts and episodes).
+
 The conversations are ingested once; then each --routing value (MEMSVC_ROUTING) gets its own
 `memsvc serve` over the same database, and every mode is asked every question. The answers'
 `route` is counted per category (how the classifier spreads each category over routes).
@@ -43,6 +50,30 @@ MODES = {
     "lexical": pb.RECALL_MODE_LEXICAL,
 }
 KS = (5, 10, 25)
+# Questions unrelated to any of the conversations (written for this evaluation, not from a
+# benchmark): a good minimum relevance makes them return nothing.
+OFF_TOPIC = (
+    "What is the capital of Peru?",
+    "How many moons does Jupiter have?",
+    "What is the boiling point of mercury?",
+    "Who wrote the Treaty of Westphalia?",
+    "What is the airspeed velocity of a swallow?",
+    "How do I reset a Cisco router to factory settings?",
+    "What is the population of Mongolia?",
+    "Which enzyme breaks down lactose?",
+    "What is the tallest mountain in Africa?",
+    "How is the Black-Scholes formula derived?",
+    "What is the atomic number of tungsten?",
+    "When did the Byzantine empire fall?",
+    "What is the exchange rate of the Swiss franc?",
+    "How does a diesel engine's fuel injector work?",
+    "What is the time complexity of heapsort?",
+    "Which river flows through Baghdad?",
+    "How many bones are in the human hand?",
+    "What is the GDP of Norway?",
+    "What is the chemical formula of sulfuric acid?",
+    "Who won the 1954 football world cup?",
+)
 
 
 def unit_text(turn: dict[str, Any]) -> str:
@@ -138,7 +169,10 @@ async def evaluate(
     mode: str,
     deadline_s: float,
     routing: str,
+    min_scores: list[float] | None = None,
 ) -> dict[str, Any]:
+    if min_scores:
+        return await evaluate_thresholds(stub, metadata, samples, mode, deadline_s, min_scores)
     per_cat: dict[str, list[list[float]]] = defaultdict(list)
     routes: dict[str, Counter[str]] = defaultdict(Counter)
     latencies: list[float] = []
@@ -190,6 +224,110 @@ async def evaluate(
     }
 
 
+async def evaluate_thresholds(
+    stub: Any,
+    metadata: Any,
+    samples: list[dict[str, Any]],
+    mode: str,
+    deadline_s: float,
+    min_scores: list[float],
+) -> dict[str, Any]:
+    """Recall@k with each minimum relevance, and how often unrelated questions get nothing."""
+
+    async def ask(user: str, question: str, types: list[pb.ItemType.ValueType]) -> list[Any]:
+        reply = await stub.Recall(
+            pb.RecallRequest(
+                scope=pb.Scope(user_id=user),
+                query=question,
+                top_k=100,
+                types=types,
+                mode=MODES[mode],
+                filters=pb.RecallFilters(min_score=0.0),
+            ),
+            metadata=metadata,
+            timeout=deadline_s,
+        )
+        return list(reply.items)
+
+    per_t: dict[float, dict[str, list[list[float]]]] = {t: defaultdict(list) for t in min_scores}
+    empty_real: dict[float, int] = dict.fromkeys(min_scores, 0)
+    evidence_relevance: list[float] = []
+    # Per question: [relevance, dense_rank, lexical_rank, is_evidence] of its top 50 items,
+    # then [-1, 0, 0, number of evidence ids] (for trying other rules offline).
+    raw: list[list[list[float]]] = []
+    questions = 0
+    for sample in samples:
+        user = sample["sample_id"]
+        for qa in sample["qa"]:
+            evidence = list(qa.get("evidence") or [])
+            if not evidence:
+                continue
+            questions += 1
+            items = await ask(user, str(qa["question"]), [pb.ITEM_TYPE_MESSAGE])
+            evidence_relevance += [i.relevance for i in items if i.id in evidence]
+            raw.append(
+                [
+                    [round(i.relevance, 4), i.dense_rank, i.lexical_rank, int(i.id in evidence)]
+                    for i in items[:50]
+                ]
+                + [[-1.0, 0, 0, len(evidence)]]
+            )
+            category = CATEGORIES.get(int(qa["category"]), str(qa["category"]))
+            for t in min_scores:
+                found = [i.id for i in items if i.relevance >= t]
+                empty_real[t] += not found
+                scores = [recall_at(found, evidence, k) for k in KS]
+                per_t[t]["all"].append(scores)
+                per_t[t][category].append(scores)
+    off_topic: dict[str, dict[float, float]] = {}
+    off_max: dict[str, list[float]] = {}
+    off_raw: list[list[list[float]]] = []
+    for label_, types in (
+        ("messages", [pb.ITEM_TYPE_MESSAGE]),
+        ("facts+episodes", [pb.ITEM_TYPE_FACT, pb.ITEM_TYPE_EPISODE]),
+    ):
+        tops: list[float] = []
+        for sample in samples:
+            for question in OFF_TOPIC:
+                items = await ask(sample["sample_id"], question, types)
+                tops.append(max((i.relevance for i in items), default=0.0))
+                off_raw.append(
+                    [[round(i.relevance, 4), i.dense_rank, i.lexical_rank, 0] for i in items[:10]]
+                )
+        off_topic[label_] = {
+            t: round(100 * sum(top < t for top in tops) / len(tops), 1) for t in min_scores
+        }
+        off_max[label_] = sorted(round(x, 3) for x in tops)
+    return {
+        "mode": mode,
+        "questions_with_evidence": questions,
+        "recall_by_min_score": {
+            str(t): {
+                cat: {
+                    f"R@{k}": round(100 * float(np.mean([s[i] for s in rows])), 1)
+                    for i, k in enumerate(KS)
+                }
+                | {"n": len(rows)}
+                for cat, rows in per_t[t].items()
+            }
+            for t in min_scores
+        },
+        "real_questions_empty_pct": {
+            str(t): round(100 * empty_real[t] / max(questions, 1), 1) for t in min_scores
+        },
+        "off_topic_empty_pct": {k: {str(t): v for t, v in d.items()} for k, d in off_topic.items()},
+        "off_topic_top_relevance": off_max,
+        "raw": raw,
+        "off_topic_raw": off_raw,
+        "evidence_relevance_pct": {
+            f"p{p}": round(float(np.percentile(evidence_relevance, p)), 3)
+            for p in (1, 5, 10, 25, 50)
+        }
+        if evidence_relevance
+        else {},
+    }
+
+
 async def run(
     target: Target,
     samples: list[dict[str, Any]],
@@ -198,6 +336,7 @@ async def run(
     *,
     routing: str,
     ingest: bool,
+    min_scores: list[float] | None = None,
 ) -> list[dict[str, Any]]:
     metadata = (("x-api-key", target.api_key),)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{target.port}") as channel:
@@ -211,7 +350,8 @@ async def run(
                 flush=True,
             )
         return [
-            await evaluate(stub, metadata, samples, mode, deadline_s, routing) for mode in modes
+            await evaluate(stub, metadata, samples, mode, deadline_s, routing, min_scores)
+            for mode in modes
         ]
 
 
@@ -247,7 +387,14 @@ def main() -> None:
         metavar="MEMSVC_X=value",
         help="extra server setting for every server (repeatable), e.g. MEMSVC_RRF_K=60",
     )
+    parser.add_argument(
+        "--min-scores",
+        default="",
+        help="comma-separated minimum relevances to compare (e.g. 0,0.1,0.2,0.3): Recall@k "
+        "per threshold and the share of unrelated questions answered with nothing",
+    )
     args = parser.parse_args()
+    min_scores = [float(x) for x in args.min_scores.split(",") if x.strip()]
     server_env = dict(pair.partition("=")[::2] for pair in args.server_env)
     samples = json.loads((args.data / "locomo-dev.json").read_text())
     if args.conversations:
@@ -266,8 +413,12 @@ def main() -> None:
                         args.deadline_ms / 1000,
                         routing=routing,
                         ingest=i == 0,
+                        min_scores=min_scores,
                     )
                 )
+    if min_scores:
+        report_thresholds(results, args)
+        return
     header = f"{'mode':<22}" + "".join(f"{c:>14}" for c in ["all", *CATEGORIES.values()])
     for k in KS:
         print(f"\nRecall@{k}\n{header}")
@@ -290,6 +441,31 @@ def main() -> None:
         )
     RESULTS_DIR.mkdir(exist_ok=True)
     out = RESULTS_DIR / f"locomo-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.write_text(
+        json.dumps(
+            {"args": {k: str(v) for k, v in vars(args).items()}, "results": results}, indent=2
+        )
+    )
+    print(f"written {out}")
+
+
+def report_thresholds(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    for r in results:
+        print(f"\n{r['mode']}: {r['questions_with_evidence']} questions with evidence")
+        print(
+            f"{'min_score':>10}{'R@5':>8}{'R@10':>8}{'R@25':>8}{'real empty %':>14}"
+            + "".join(f"{'off-topic empty % ' + k:>34}" for k in r["off_topic_empty_pct"])
+        )
+        for t, rec in r["recall_by_min_score"].items():
+            row = rec["all"]
+            print(
+                f"{t:>10}{row['R@5']:>8.1f}{row['R@10']:>8.1f}{row['R@25']:>8.1f}"
+                f"{r['real_questions_empty_pct'][t]:>14.1f}"
+                + "".join(f"{d[t]:>34.1f}" for d in r["off_topic_empty_pct"].values())
+            )
+        print(f"evidence relevance percentiles: {r['evidence_relevance_pct']}")
+    RESULTS_DIR.mkdir(exist_ok=True)
+    out = RESULTS_DIR / f"locomo-min-score-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(
         json.dumps(
             {"args": {k: str(v) for k, v in vars(args).items()}, "results": results}, indent=2

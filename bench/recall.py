@@ -11,8 +11,9 @@ earlier ones returned (a closed loop would hide queueing). Phases:
 
 1. at --rate: Recall with a text query (every query distinct: each costs an embedding),
    Recall with a caller-supplied vector, Prefetch served from the cache, Prefetch built
-   (a distinct hint per call: embedding + walk + store), and the transport alone (a gRPC
-   Health/Check to the same server on the same channel);
+   (a distinct hint per call: embedding + walk + store), a filtered text Recall (categories
+   and a time range, FILTERED: facts only, in SQL on both legs), and the transport alone (a
+   gRPC Health/Check to the same server on the same channel);
 2. capacity: Recall text at rising rates; the highest with p99 <= 200 ms and no errors
    (a rate whose p99, failures counted at their 2 s deadline, is past 800 ms ends the climb);
 3. overload: twice that rate with 200 ms deadlines; every answer is classified (OK, OK but
@@ -42,6 +43,7 @@ import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import grpc
@@ -71,7 +73,7 @@ from memsvc.prefetch import queries as prefetch_sql
 from memsvc.prefetch.model import PrefetchQuery
 from memsvc.retrieval.dense import dense_hits
 from memsvc.retrieval.lexical import lexical_hits
-from memsvc.retrieval.query import DEFAULT_KINDS, ItemKind
+from memsvc.retrieval.query import DEFAULT_KINDS, ItemKind, RecallFilters
 from memsvc.storage import versions
 from memsvc.storage.model import Scope
 from memsvc.storage.pool import connect_and_migrate
@@ -125,6 +127,16 @@ def server_gc_pauses(metrics_port: int) -> dict[str, dict[str, float]]:
         else:
             entry["total_ms"] = round(float(match["value"]) * 1000, 2)
     return pauses
+
+
+# The filtered Recall scenario: two categories (of the corpus's six) and the last 180 days
+# (of its year): a fact-only filter, so the legs search facts only.
+FILTER_CATEGORIES = ("preference", "event")
+FILTER_SINCE_DAYS = 180
+
+
+def filtered_since() -> datetime:
+    return datetime.now(UTC) - timedelta(days=FILTER_SINCE_DAYS)
 
 
 class Client:
@@ -205,6 +217,15 @@ async def grpc_phases(
         )
         return await client.recall(request, DEADLINE_S)
 
+    async def recall_filtered(_i: int) -> str:
+        request = pb.RecallRequest(
+            scope=pb.Scope(user_id=client.user()),
+            query=next(texts),
+            filters=pb.RecallFilters(categories=FILTER_CATEGORIES),
+        )
+        request.filters.since.FromDatetime(filtered_since())
+        return await client.recall(request, DEADLINE_S)
+
     warm_users = [f"user-{u:05d}" for u in range(min(args.users, 200))]
 
     async def prefetch_cached(i: int) -> str:
@@ -228,6 +249,7 @@ async def grpc_phases(
         phases.append(await run_phase(client, "Recall vector", recall_vector, rate, count))
         phases.append(await run_phase(client, "Prefetch cached", prefetch_cached, rate, count))
         phases.append(await run_phase(client, "Prefetch built", prefetch_built, rate, count))
+        phases.append(await run_phase(client, "Recall filtered", recall_filtered, rate, count))
         phases.append(await run_phase(client, TRANSPORT, client.health, rate, count))
 
         capacity = 0.0
@@ -321,29 +343,42 @@ async def floor_phases(
     def scope() -> Scope:
         return Scope(corpus.TENANT, f"user-{rng.randrange(args.users):05d}")
 
-    async def dense(s: Scope, vector: Any, budget: Budget) -> None:
+    unfiltered = RecallFilters()
+
+    async def dense(
+        s: Scope, vector: Any, budget: Budget, filters: RecallFilters = unfiltered
+    ) -> None:
         async with pool.acquire() as conn:
             await dense_hits(
-                conn, s, vector, DEFAULT_KINDS, model_id=model_id, limit=50,
-                exact_max_rows=2000, as_of=None, budget=budget,
+                conn, s, vector, filters.kinds(DEFAULT_KINDS), model_id=model_id, limit=50,
+                exact_max_rows=2000, as_of=None, budget=budget, filters=filters,
             )  # fmt: skip
 
-    async def lexical(s: Scope, text: str, budget: Budget) -> None:
+    async def lexical(
+        s: Scope, text: str, budget: Budget, filters: RecallFilters = unfiltered
+    ) -> None:
+        # As the hybrid service does: the hits' embeddings too (relevance of lexical hits).
         async with pool.acquire() as conn:
             await lexical_hits(
-                conn, s, text, DEFAULT_KINDS, limit=50, exact_max_rows=2000, as_of=None,
-                budget=budget,
+                conn, s, text, filters.kinds(DEFAULT_KINDS), limit=50, exact_max_rows=2000,
+                as_of=None, budget=budget, filters=filters, embedding_model=model_id,
             )  # fmt: skip
 
-    async def recall_text(_i: int) -> str:
+    async def hybrid(filters: RecallFilters) -> str:
         s, text, budget = scope(), next(texts), Budget(DEADLINE_S)
 
         async def dense_leg() -> None:
             [vector] = await embedder.embed([text], timeout_s=DEADLINE_S)
-            await dense(s, vector, budget)
+            await dense(s, vector, budget, filters)
 
-        await asyncio.gather(dense_leg(), lexical(s, text, budget))
+        await asyncio.gather(dense_leg(), lexical(s, text, budget, filters))
         return "ok"
+
+    async def recall_text(_i: int) -> str:
+        return await hybrid(unfiltered)
+
+    async def recall_filtered(_i: int) -> str:
+        return await hybrid(RecallFilters(categories=FILTER_CATEGORIES, since=filtered_since()))
 
     async def recall_vector(i: int) -> str:
         vector = np.asarray(vectors[i % len(vectors)], dtype=np.float32)
@@ -421,6 +456,7 @@ async def floor_phases(
             ("floor Recall vector", recall_vector),
             ("floor Prefetch cached", prefetch_cached),
             ("floor Prefetch built", prefetch_built),
+            ("floor Recall filtered", recall_filtered),
         ):
             phase = await open_loop(
                 name, call, rate_per_s=args.rate, count=args.count, deadline_s=DEADLINE_S
@@ -498,7 +534,7 @@ def main() -> None:
 
     transport = next(p for p in phases if p.name == TRANSPORT).summary()
     ratios = []
-    for phase, floor in zip(phases[:4], floors, strict=True):
+    for phase, floor in zip(phases[:5], floors, strict=True):
         ours, base = phase.summary(), floor.summary()
         # What is left once the floor's work and a bare gRPC round trip are taken off.
         own_ms = ours.p50_ms - base.p50_ms - transport.p50_ms

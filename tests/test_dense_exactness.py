@@ -116,6 +116,8 @@ async def test_filtered_dense_search_is_exact(
                     top_k=top_k,
                     types=[pb.ITEM_TYPE_FACT],
                     mode=pb.RECALL_MODE_DENSE,
+                    # Synthetic vectors, barely aligned with the query: no minimum relevance.
+                    filters=pb.RecallFilters(min_score=0.0),
                 )
             )
             assert not reply.degraded
@@ -151,6 +153,7 @@ async def test_filtered_dense_search_is_exact(
                 top_k=10,
                 types=[pb.ITEM_TYPE_FACT],
                 mode=pb.RECALL_MODE_DENSE,
+                filters=pb.RecallFilters(min_score=0.0),
             )
         )
         approximate = [i.id for i in reply.items]

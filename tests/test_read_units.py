@@ -198,8 +198,9 @@ def test_lexical_statement_has_the_fallback_only_for_cjk(with_as_of: bool) -> No
     cjk = lexical_sql(kinds, with_as_of=with_as_of, with_cjk=True)
     last = 8 if with_as_of else 7
     assert "ILIKE" not in plain and f"${last + 1}" not in plain and f"${last}" in plain
-    # Per kind, in both branches: twice in the score (matches, count), once in the match.
-    assert cjk.count(f"${last + 1}::text[]") == 6 * len(kinds)
+    # Per kind, in both branches: twice in the score (matches, count), twice in the
+    # coverage (the share of bigrams found, for relevance), once in the match.
+    assert cjk.count(f"${last + 1}::text[]") == 10 * len(kinds)
 
 
 # -- post-filter -------------------------------------------------------------------------------

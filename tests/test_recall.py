@@ -126,7 +126,14 @@ async def test_caller_vector_skips_the_embedder(caller: Caller, embedder: Embedd
     assert reply.timings.embed_ms == 0 and reply.route == "vector"
     assert all(i.lexical_rank == 0 for i in reply.items) and not reply.degraded
     # Text and vector together: the vector feeds the dense leg, the text the lexical one.
-    both = await recall(caller, "cats", query_vector=[float(x) for x in vector])
+    # Relevance is measured against the vector (it says what the caller means), so the
+    # word match comes back only with no minimum relevance.
+    both = await recall(
+        caller,
+        "cats",
+        query_vector=[float(x) for x in vector],
+        filters=pb.RecallFilters(min_score=0.0),
+    )
     assert {i.text for i in both.items[:2]} == {"Favourite colour is green", "Owns two cats"}
     assert both.timings.embed_ms == 0
 

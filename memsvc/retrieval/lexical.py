@@ -20,8 +20,16 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from memsvc.concurrency.deadline import Budget
-from memsvc.retrieval.query import Hit, ItemKind
-from memsvc.retrieval.sources import SOURCES, TIE_BREAK_SQL, statement_timeout, to_hit
+from memsvc.retrieval.query import NO_FILTERS, Hit, ItemKind, RecallFilters
+from memsvc.retrieval.sources import (
+    SOURCES,
+    TIE_BREAK_SQL,
+    count_cte,
+    filter_args,
+    ranged,
+    statement_timeout,
+    to_hit,
+)
 from memsvc.storage.connection import Connection
 from memsvc.storage.model import Scope
 
@@ -63,15 +71,25 @@ def cjk_patterns(text: str, *, limit: int = MAX_PATTERNS) -> list[str]:
     return [f"%{_like_escape(g)}%" for g in unique]
 
 
-@functools.lru_cache(maxsize=64)
-def lexical_sql(kinds: tuple[ItemKind, ...], *, with_as_of: bool, with_cjk: bool) -> str:
-    """$1..$4 scope, $5 query text, $6 limit, $7 exact_max_rows, [$8 as_of], [then the ILIKE
-    patterns]; all kinds in one statement.
+@functools.lru_cache(maxsize=128)
+def lexical_sql(
+    kinds: tuple[ItemKind, ...],
+    *,
+    with_as_of: bool,
+    with_cjk: bool,
+    shape: tuple[bool, ...] = NO_FILTERS.shape,
+    with_embedding: bool = False,
+) -> str:
+    """$1..$4 scope, $5 query text, $6 limit, $7 exact_max_rows, [$8 as_of], [the embedding
+    model id], [the set filters' values, sources.filter_args], [then the ILIKE patterns]; all
+    kinds in one statement.
 
     Like the dense leg, a small scope is searched row by row: the match condition is kept
     off the GIN index (``|| ''::tsvector``), so the plan starts from the scope's btree and
     tests only that user's rows, whatever the table's size. A common word's posting list
     grows with the whole table; the user's rows do not. A large scope may use the index.
+    Filters are exact on both branches (a GIN match is not approximate), so the choice
+    stays on the user's row count.
 
     The ILIKE fallback is in the statement only for a query with CJK text (``with_cjk``).
     Without it, PostgreSQL's generic plan for the prepared statement costs what a plan for
@@ -79,27 +97,46 @@ def lexical_sql(kinds: tuple[ItemKind, ...], *, with_as_of: bool, with_cjk: bool
     (about 1 ms of planning per call, three times the execution, on the bench corpus);
     an unknown pattern array keeps the large-scope branch off the indexes in a generic
     plan, so the CJK variant is planned per call.
+
+    Each row also carries ``coverage``, the share of the query's distinct lexemes its
+    indexed text contains, as matched (a message: with its neighbours; relevance without an
+    embedding), and with ``with_embedding`` its stored
+    embedding when made by that model (relevance of a lexical-only hit in hybrid mode).
     """
-    params = 7 + with_as_of
-    patterns = f"${params + 1}::text[]"
+    slot = 8 + with_as_of
+    model = f"${slot}"
+    slot += with_embedding
+    first_filter = slot
+    slot += len(filter_args_shape(shape))
+    patterns = f"${slot}::text[]"
     ctes = ["q AS (SELECT replace(plainto_tsquery('english', $5)::text, ' & ', ' | ')::tsquery"
-            " AS tsq)"]  # fmt: skip
+            " AS tsq, tsvector_to_array(to_tsvector('english', $5)) AS lexemes)"]  # fmt: skip
     branches: list[str] = []
     for kind in kinds:
         source = SOURCES[kind]
         tsv, text = source.tsv_sql, source.text_sql
-        time_sql = source.time_sql("$8" if with_as_of else None)
+        time_sql = source.time_sql("$8" if with_as_of else None, ranged=ranged(shape))
+        filters = source.filter_sql(shape, first_filter)
         count = f"{kind.value}_rows"
-        ctes.append(
-            f"{count} AS (SELECT count(*) AS n FROM (SELECT 1 FROM {source.table}"
-            " WHERE tenant_id = $1 AND user_id = $2 LIMIT $7 + 1) AS capped)"
-        )
+        ctes.append(count_cte(source, count, "$7"))
         score = f"CASE WHEN {tsv} @@ q.tsq THEN {source.rank()} ELSE 0 END"
+        coverage = (
+            "(SELECT count(*) FROM unnest(q.lexemes) AS l"
+            f" WHERE {tsv} @@ quote_literal(l)::tsquery)::real"
+            " / greatest(cardinality(q.lexemes), 1)"
+        )
         if with_cjk:
-            score += (
-                f" + (SELECT count(*) FROM unnest({patterns}) AS p WHERE {text} ILIKE p)::real"
+            share = (
+                f"(SELECT count(*) FROM unnest({patterns}) AS p WHERE {text} ILIKE p)::real"
                 f" / greatest(cardinality({patterns}), 1)"
             )
+            score += f" + {share}"
+            coverage = f"greatest({coverage}, {share})"
+        embedding = (
+            f"CASE WHEN embedding_state = 'ok' AND embedding_model = {model} THEN embedding END"
+            if with_embedding
+            else "NULL::vector"
+        )
         for matched, gate in (
             (f"({tsv} || ''::tsvector)", f"(SELECT n FROM {count}) <= $7"),
             (tsv, f"(SELECT n FROM {count}) > $7"),
@@ -108,9 +145,10 @@ def lexical_sql(kinds: tuple[ItemKind, ...], *, with_as_of: bool, with_cjk: bool
             if with_cjk:
                 match = f"({match} OR {text} ILIKE ANY ({patterns}))"
             branches.append(
-                f"(SELECT {source.select_list}, ({score}) AS lexical_score"
+                f"(SELECT {source.select_list}, ({score}) AS lexical_score,"
+                f" ({coverage}) AS coverage, {embedding} AS embedding"
                 f" FROM {source.table}, q"
-                f" WHERE {source.scope_sql} AND {time_sql} AND {gate} AND {match}"
+                f" WHERE {source.scope_sql} AND {time_sql}{filters} AND {gate} AND {match}"
                 " ORDER BY lexical_score DESC, item_id LIMIT $6)"
             )
     return (
@@ -119,6 +157,11 @@ def lexical_sql(kinds: tuple[ItemKind, ...], *, with_as_of: bool, with_cjk: bool
         f" SELECT * FROM ({' UNION ALL '.join(branches)}) AS hits"
         f" ORDER BY lexical_score DESC, {TIE_BREAK_SQL} LIMIT $6"
     )
+
+
+def filter_args_shape(shape: tuple[bool, ...]) -> list[bool]:
+    """One entry per parameter the set filters take."""
+    return [present for present in shape if present]
 
 
 async def lexical_hits(
@@ -131,8 +174,12 @@ async def lexical_hits(
     exact_max_rows: int,
     as_of: datetime | None,
     budget: Budget,
+    filters: RecallFilters = NO_FILTERS,
+    embedding_model: str | None = None,
 ) -> list[Hit]:
-    """The ``limit`` best text matches over all kinds, best first (score higher is better)."""
+    """The ``limit`` best text matches over all kinds, best first (score higher is better).
+
+    ``embedding_model``: also fetch each hit's embedding made by that model (None: not)."""
     args: list[object] = [
         *scope.key,
         text,
@@ -141,12 +188,29 @@ async def lexical_hits(
     ]
     if as_of is not None:
         args.append(as_of)
+    if embedding_model is not None:
+        args.append(embedding_model)
+    args.extend(filter_args(filters))
     patterns = cjk_patterns(text)
     if patterns:
         args.append(patterns)
     rows = await conn.fetch(
-        lexical_sql(tuple(kinds), with_as_of=as_of is not None, with_cjk=bool(patterns)),
+        lexical_sql(
+            tuple(kinds),
+            with_as_of=as_of is not None,
+            with_cjk=bool(patterns),
+            shape=filters.shape,
+            with_embedding=embedding_model is not None,
+        ),
         *args,
         timeout=statement_timeout(budget),
     )
-    return [to_hit(row, float(row["lexical_score"])) for row in rows]
+    return [
+        to_hit(
+            row,
+            float(row["lexical_score"]),
+            coverage=float(row["coverage"]),
+            embedding=None if row["embedding"] is None else row["embedding"].to_numpy(),
+        )
+        for row in rows
+    ]

@@ -27,6 +27,47 @@ class Mode(enum.StrEnum):
 
 
 DEFAULT_KINDS = (ItemKind.FACT, ItemKind.EPISODE)
+# How a fact was written (RecallFilters.origins): Remember, Correct, the Ingest workers, core
+# compaction.
+ORIGINS = ("explicit", "correction", "extraction", "compaction")
+
+
+@dataclass(frozen=True)
+class RecallFilters:
+    """Narrowing applied in SQL on both legs (every set filter must match; within one, any
+    value). Fact-only filters (categories, roles, origins) leave other kinds out when set."""
+
+    categories: tuple[str, ...] = ()
+    roles: tuple[str, ...] = ()
+    origins: tuple[str, ...] = ()
+    session_ids: tuple[str, ...] = ()
+    since: datetime | None = None
+    until: datetime | None = None
+
+    @property
+    def fact_only(self) -> bool:
+        return bool(self.categories or self.roles or self.origins)
+
+    @property
+    def shape(self) -> tuple[bool, ...]:
+        """Which filters are set: the SQL text depends on it (one cached statement each)."""
+        return (
+            bool(self.categories),
+            bool(self.roles),
+            bool(self.origins),
+            bool(self.session_ids),
+            self.since is not None,
+            self.until is not None,
+        )
+
+    def kinds(self, requested: tuple[ItemKind, ...]) -> tuple[ItemKind, ...]:
+        """The requested kinds these filters can match."""
+        if self.fact_only:
+            return tuple(k for k in requested if k is ItemKind.FACT)
+        return requested
+
+
+NO_FILTERS = RecallFilters()
 
 
 @dataclass(frozen=True)
@@ -40,6 +81,14 @@ class RecallQuery:
     kinds: tuple[ItemKind, ...]
     mode: Mode
     as_of: datetime | None = None
+    filters: RecallFilters = NO_FILTERS
+    # Items whose relevance (0..1) is below this are not returned; 0: no minimum.
+    min_relevance: float = 0.0
+
+    @property
+    def search_kinds(self) -> tuple[ItemKind, ...]:
+        """The kinds the legs search: the requested ones the filters can match."""
+        return self.filters.kinds(self.kinds)
 
     @property
     def wants_dense(self) -> bool:
@@ -80,6 +129,10 @@ class Hit:
     category: str = ""
     origin: str = ""
     last_reinforced_at: datetime | None = None
+    # Lexical leg: share of the query's distinct lexemes the item contains (0..1), and the
+    # item's stored embedding (hybrid mode), so relevance is computable for lexical-only hits.
+    coverage: float | None = None
+    embedding: npt.NDArray[np.float32] | None = field(default=None, repr=False)
     # Builds the fact's MemoryRecord (from the row the leg fetched); None for other kinds.
     record_factory: Callable[[], MemoryRecord] | None = field(default=None, repr=False)
 

@@ -40,6 +40,8 @@ class Ranked:
     score: float
     # A fact's confidence decayed to the read's time (None for other kinds).
     effective_confidence: float | None = None
+    # Relevance to the query, 0..1 (retrieval.relevance); set by Recall after ordering.
+    relevance: float = 0.0
 
     @functools.cached_property
     def memory(self) -> MemoryRecord | None:

@@ -12,11 +12,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Coroutine, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
+import numpy as np
+import numpy.typing as npt
 
 from memsvc.concurrency.deadline import Budget
 from memsvc.concurrency.fanout import LegRunner, late
@@ -33,6 +35,7 @@ from memsvc.retrieval.lexical import lexical_hits
 from memsvc.retrieval.query import Hit, RecallQuery
 from memsvc.retrieval.ranking import Ranked, RankWeights, final_order
 from memsvc.retrieval.references import ReferenceRecorder
+from memsvc.retrieval.relevance import relevance
 from memsvc.retrieval.scope_filter import keep_visible
 from memsvc.storage.pool import acquire
 
@@ -101,6 +104,8 @@ class _DenseProgress:
     embedded: bool = False
     embed_ms: float = 0.0
     sql_started: float = 0.0
+    # The query's vector once known (for the items' relevance).
+    vector: npt.NDArray[np.float32] | None = None
 
 
 class RecallService:
@@ -136,6 +141,7 @@ class RecallService:
             finally:
                 progress.embed_ms = (time.perf_counter() - started) * 1000
         progress.embedded = True
+        progress.vector = vector
         progress.sql_started = time.perf_counter()
         async with acquire(
             self._pool, budget, timeout_s=self._config.acquire_timeout_s, busy_is_late=True
@@ -144,12 +150,13 @@ class RecallService:
                 conn,
                 query.scope,
                 vector,
-                query.kinds,
+                query.search_kinds,
                 model_id=self._embedder.model_id,
                 limit=limit,
                 exact_max_rows=self._config.exact_max_rows,
                 as_of=query.as_of,
                 budget=budget,
+                filters=query.filters,
             )
 
     async def _lexical(self, query: RecallQuery, budget: Budget, limit: int) -> list[Hit]:
@@ -160,11 +167,14 @@ class RecallService:
                 conn,
                 query.scope,
                 query.text,
-                query.kinds,
+                query.search_kinds,
                 limit=limit,
                 exact_max_rows=self._config.exact_max_rows,
                 as_of=query.as_of,
                 budget=budget,
+                filters=query.filters,
+                # Hybrid: the hits' embeddings, so a lexical-only hit gets a cosine relevance.
+                embedding_model=self._embedder.model_id if query.wants_dense else None,
             )
 
     async def recall(self, query: RecallQuery, budget: Budget) -> RecallResult:
@@ -175,9 +185,10 @@ class RecallService:
         limit = max(self._config.candidates, query.top_k)
         progress = _DenseProgress()
         legs: dict[str, Coroutine[Any, Any, list[Hit]]] = {}
-        if query.wants_dense:
+        # Fact-only filters leave no kind to search when facts were not asked for.
+        if query.wants_dense and query.search_kinds:
             legs[DENSE] = self._dense(query, budget, limit, progress)
-        if query.wants_lexical:
+        if query.wants_lexical and query.search_kinds:
             legs[LEXICAL] = self._lexical(query, budget, limit)
         results = await self._runner.run(legs, budget_s=budget.remaining())
 
@@ -221,7 +232,13 @@ class RecallService:
             weights=RankWeights(half_life_days=self._config.half_life_days),
             trust_policy=self._config.trust_policy,
             trust_now=query.as_of,
-        )[: query.top_k]
+        )
+        vector = progress.vector if progress.embedded else None
+        ranked = [
+            scored
+            for scored in (replace(r, relevance=relevance(r.fused, vector)) for r in ranked)
+            if scored.relevance >= query.min_relevance
+        ][: query.top_k]
         if self._references is not None:
             scope = query.scope
             self._references.record(

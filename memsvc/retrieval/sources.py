@@ -15,9 +15,11 @@ import functools
 from dataclasses import dataclass
 
 import asyncpg
+import numpy as np
+import numpy.typing as npt
 
 from memsvc.concurrency.deadline import Budget
-from memsvc.retrieval.query import Hit, ItemKind
+from memsvc.retrieval.query import Hit, ItemKind, RecallFilters
 from memsvc.storage.conditions import CURRENT, EXACT_SCOPE, NOT_EXPIRED
 from memsvc.storage.conditions import VISIBLE as FACT_VISIBLE
 from memsvc.storage.memories import record_from_row
@@ -82,6 +84,7 @@ ROW_COLUMNS: tuple[tuple[str, str], ...] = (
     ("demoted_role", "text"),
     ("retention_policy", "text"),
     ("expires_at", "timestamptz"),
+    ("updated_at", "timestamptz"),
 )
 _ROW_NAMES = frozenset(name for name, _ in ROW_COLUMNS)
 
@@ -108,19 +111,81 @@ class Source:
     # Text the ILIKE fallback searches, and the stored tsvector the full-text search uses.
     text_sql: str
     tsv_sql: str
+    # RecallFilters.since / until: `{p}` is the parameter slot.
+    since_sql: str = ""
+    until_sql: str = ""
+    # Without as_of but with a time range: which rows may match (facts: every version, so a
+    # fact superseded since is found for a time it held); None: current_sql.
+    ranged_sql: str | None = None
     # Relevance of a full-text match; `{tsv}` is replaced by tsv_sql, `q.tsq` is the query.
     rank_sql: str = "ts_rank_cd({tsv}, q.tsq)"
 
     def rank(self) -> str:
         return self.rank_sql.replace("{tsv}", self.tsv_sql)
 
-    def time_sql(self, as_of_param: str | None) -> str:
-        if as_of_param is None:
-            return self.current_sql
-        return self.as_of_sql.format(as_of=as_of_param)
+    def time_sql(self, as_of_param: str | None, *, ranged: bool = False) -> str:
+        if as_of_param is not None:
+            return self.as_of_sql.format(as_of=as_of_param)
+        if ranged and self.ranged_sql is not None:
+            return self.ranged_sql
+        return self.current_sql
+
+    def filter_sql(self, shape: tuple[bool, ...], first_param: int) -> str:
+        """The filters' predicates (`AND ...`, empty when none), parameters numbered from
+        ``first_param`` in RecallFilters order (see filter_args). Fact-only filters never
+        reach another kind: such a filter removes the kind before any SQL is built."""
+        categories, roles, origins, sessions, since, until = shape
+        clauses: list[str] = []
+        slot = first_param
+        for present, column in (
+            (categories, "category"),
+            (roles, "role"),
+            (origins, "origin"),
+            (sessions, "session_id"),
+        ):
+            if present:
+                assert column == "session_id" or self.kind is ItemKind.FACT, column
+                clauses.append(f"{column} = ANY(${slot}::text[])")
+                slot += 1
+        for present, template in ((since, self.since_sql), (until, self.until_sql)):
+            if present:
+                clauses.append(template.format(p=f"${slot}::timestamptz"))
+                slot += 1
+        return "".join(f" AND {c}" for c in clauses)
 
 
-def to_hit(row: asyncpg.Record, score: float) -> Hit:
+def count_cte(source: Source, name: str, cap_param: str) -> str:
+    """A capped count of the user's rows in the source's table (stops at ``cap + 1``): it
+    decides between a leg's row-by-row (exact) branch and its index branch."""
+    return (
+        f"{name} AS (SELECT count(*) AS n FROM (SELECT 1 FROM {source.table}"
+        f" WHERE tenant_id = $1 AND user_id = $2 LIMIT {cap_param} + 1) AS capped)"
+    )
+
+
+def filter_args(filters: RecallFilters) -> list[object]:
+    """The values of the set filters, in the order Source.filter_sql numbers them."""
+    args: list[object] = [
+        list(values)
+        for values in (filters.categories, filters.roles, filters.origins, filters.session_ids)
+        if values
+    ]
+    args.extend(t for t in (filters.since, filters.until) if t is not None)
+    return args
+
+
+def ranged(shape: tuple[bool, ...]) -> bool:
+    """Whether the filters set a time range (since or until)."""
+    return shape[4] or shape[5]
+
+
+def to_hit(
+    row: asyncpg.Record,
+    score: float,
+    *,
+    coverage: float | None = None,
+    embedding: npt.NDArray[np.float32] | None = None,
+) -> Hit:
     """A Hit from a row of any kind (selected as ROW_COLUMNS)."""
     kind = ItemKind(row["kind"])
     is_fact = kind is ItemKind.FACT
@@ -141,6 +206,8 @@ def to_hit(row: asyncpg.Record, score: float) -> Hit:
         category=row["category"] or "",
         origin=row["origin"] or "",
         last_reinforced_at=row["last_reinforced_at"],
+        coverage=coverage,
+        embedding=embedding,
         # The full MemoryRecord only for the facts that make the answer.
         record_factory=functools.partial(record_from_row, row) if is_fact else None,
     )
@@ -177,6 +244,10 @@ FACTS = Source(
     ),
     text_sql="content",
     tsv_sql="search_tsv",
+    # Validity [valid_from, invalid_at) overlaps [since, until).
+    since_sql="(invalid_at IS NULL OR invalid_at > {p})",
+    until_sql="valid_from < {p}",
+    ranged_sql=NOT_EXPIRED,
 )
 
 # Episodes and messages belong to one exact scope: never shared.
@@ -212,6 +283,9 @@ EPISODES = Source(
     as_of_sql="ended_at <= {as_of}" + f" AND {NOT_EXPIRED}",
     text_sql="(title || ' ' || summary)",
     tsv_sql="search_tsv",
+    # Ended at or after since, started before until.
+    since_sql="ended_at >= {p}",
+    until_sql="started_at < {p}",
 )
 
 MESSAGES = Source(
@@ -234,6 +308,8 @@ MESSAGES = Source(
     current_sql=NOT_EXPIRED,
     as_of_sql="sent_at <= {as_of}" + f" AND {NOT_EXPIRED}",
     text_sql="text",
+    since_sql="sent_at >= {p}",
+    until_sql="sent_at < {p}",
     # The message with its neighbours and date (built by the workers, migration 0004); the
     # message alone until they have indexed it.
     tsv_sql="coalesce(context_tsv, search_tsv)",

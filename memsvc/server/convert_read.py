@@ -38,6 +38,7 @@ def recall_response(result: RecallResult) -> pb.RecallResponse:
             id=hit.id,
             text=hit.text,
             score=ranked.score,
+            relevance=ranked.relevance,
             fused_score=fused.fused_score,
             dense_rank=fused.rank_in(DENSE),
             lexical_rank=fused.rank_in(LEXICAL),

@@ -10,7 +10,15 @@ import numpy as np
 from memsvc.config import Settings
 from memsvc.errors import InvalidArgument
 from memsvc.prefetch.model import PrefetchQuery
-from memsvc.retrieval.query import DEFAULT_KINDS, ItemKind, Mode, RecallQuery
+from memsvc.retrieval.query import (
+    DEFAULT_KINDS,
+    NO_FILTERS,
+    ORIGINS,
+    ItemKind,
+    Mode,
+    RecallFilters,
+    RecallQuery,
+)
 from memsvc.server import validate
 from memsvc.storage.model import Scope
 from memsvc.v1 import memory_pb2 as pb
@@ -83,7 +91,73 @@ def recall(request: pb.RecallRequest, scope: Scope, settings: Settings) -> Recal
         kinds=tuple(kinds) or DEFAULT_KINDS,
         mode=mode,
         as_of=validate.timestamp(request.as_of, "as_of") if request.HasField("as_of") else None,
+        filters=recall_filters(request.filters, settings)
+        if request.HasField("filters")
+        else NO_FILTERS,
+        min_relevance=min_relevance(request.filters, settings),
     )
+
+
+# RecallFilters limits (the proto's comments).
+MAX_FILTER_VOCABULARY = 20
+MAX_FILTER_ORIGINS = 10
+MAX_FILTER_SESSIONS = 100
+
+
+def _bounded(values: list[str], field: str, limit: int) -> list[str]:
+    if len(values) > limit:
+        raise InvalidArgument(f"{field}: at most {limit} entries")
+    return values
+
+
+def _closed(values: list[str], field: str, allowed: tuple[str, ...], limit: int) -> tuple[str, ...]:
+    """Values of a closed vocabulary, case-insensitive, de-duplicated in order."""
+    checked = [
+        validate.vocabulary(v, f"{field}[{i}]", allowed, "") or _empty(f"{field}[{i}]")
+        for i, v in enumerate(_bounded(values, field, limit))
+    ]
+    return tuple(dict.fromkeys(checked))
+
+
+def _empty(field: str) -> str:
+    raise InvalidArgument(f"{field}: must not be empty")
+
+
+def recall_filters(filters: pb.RecallFilters, settings: Settings) -> RecallFilters:
+    since = (
+        validate.timestamp(filters.since, "filters.since") if filters.HasField("since") else None
+    )
+    until = (
+        validate.timestamp(filters.until, "filters.until") if filters.HasField("until") else None
+    )
+    if since is not None and until is not None and not since < until:
+        raise InvalidArgument("filters.since: must be before filters.until")
+    sessions = validate.id_list(
+        filters.session_ids, "filters.session_ids", settings, MAX_FILTER_SESSIONS
+    )
+    return RecallFilters(
+        categories=_closed(
+            list(filters.categories),
+            "filters.categories",
+            settings.categories,
+            MAX_FILTER_VOCABULARY,
+        ),
+        roles=_closed(list(filters.roles), "filters.roles", settings.roles, MAX_FILTER_VOCABULARY),
+        origins=_closed(list(filters.origins), "filters.origins", ORIGINS, MAX_FILTER_ORIGINS),
+        session_ids=tuple(dict.fromkeys(sessions)),
+        since=since,
+        until=until,
+    )
+
+
+def min_relevance(filters: pb.RecallFilters, settings: Settings) -> float:
+    """filters.min_score, or the server's calibrated default when unset; 0: no minimum."""
+    if not filters.HasField("min_score"):
+        return settings.recall_min_relevance
+    value = filters.min_score
+    if math.isnan(value) or not 0.0 <= value <= 1.0:
+        raise InvalidArgument("filters.min_score: between 0 and 1 (0: no minimum)")
+    return float(value)
 
 
 def prefetch(request: pb.PrefetchRequest, scope: Scope, settings: Settings) -> PrefetchQuery:
