@@ -98,6 +98,22 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="use the server's MEMSVC_MESSAGE_TTL_DAYS again",
     )
+    tset.add_argument(
+        "--human-block-chars",
+        type=int,
+        help="limit of the human core block: its text and core facts, in characters (0: none)",
+    )
+    tset.add_argument(
+        "--persona-block-chars",
+        type=int,
+        help="limit of the persona core block in characters (0: none)",
+    )
+    tset.add_argument(
+        "--default-block-chars",
+        action="store_true",
+        help="use the server's MEMSVC_HUMAN_BLOCK_MAX_CHARS and MEMSVC_PERSONA_BLOCK_MAX_CHARS "
+        "again",
+    )
     return parser
 
 
@@ -206,6 +222,21 @@ async def _run_tenants(settings: Settings, args: argparse.Namespace) -> None:
                 raise ConfigError(f"--pii: {exc}") from None
             if args.message_ttl_days is not None and args.message_ttl_days < 0:
                 raise ConfigError("--message-ttl-days must be >= 0")
+            for flag, value in (
+                ("--human-block-chars", args.human_block_chars),
+                ("--persona-block-chars", args.persona_block_chars),
+            ):
+                if value is not None and not 0 <= value <= settings.packet_max_chars:
+                    raise ConfigError(
+                        f"{flag} must be within 0..{settings.packet_max_chars} (0: no limit)"
+                    )
+            if args.default_block_chars and (
+                args.human_block_chars is not None or args.persona_block_chars is not None
+            ):
+                raise ConfigError(
+                    "--default-block-chars cannot be combined with --human-block-chars or "
+                    "--persona-block-chars"
+                )
             await tenant_settings.save(
                 conn,
                 args.tenant,
@@ -214,12 +245,23 @@ async def _run_tenants(settings: Settings, args: argparse.Namespace) -> None:
                 if args.message_ttl_days is None
                 else args.message_ttl_days * 86_400,
                 clear_message_ttl=args.default_message_ttl,
+                human_block_max_chars=args.human_block_chars,
+                persona_block_max_chars=args.persona_block_chars,
+                clear_block_limits=args.default_block_chars,
             )
-        policy = policies.resolve(await tenant_settings.load(conn, args.tenant))
+        overrides = await tenant_settings.load(conn, args.tenant)
+        policy = policies.resolve(overrides)
         ttl = policy.message_ttl_s
         print(f"tenant: {args.tenant}")
         print(f"message ttl: {'never expires' if ttl == 0 else f'{ttl / 86_400:g} days'}")
         print("pii: " + ", ".join(f"{kind}={policy.action(kind)}" for kind in PII_KINDS))
+        for name, own, default in (
+            ("human block", overrides.human_block_max_chars, settings.human_block_max_chars),
+            ("persona block", overrides.persona_block_max_chars, settings.persona_block_max_chars),
+        ):
+            chars = default if own is None else own
+            shown = "no limit" if chars == 0 else f"{chars} chars"
+            print(f"{name}: {shown}" + (" (server default)" if own is None else ""))
     finally:
         await conn.close()
 

@@ -112,7 +112,7 @@ async def test_remember_compacts_in_priority_order_and_loses_nothing(
 async def test_larger_than_the_limit_is_refused_and_writes_nothing(
     caller: Caller, start_server: StartServer
 ) -> None:
-    _, channel = await start_server(core_human_max_chars=1_000, core_persona_max_chars=800)
+    _, channel = await start_server(human_block_max_chars=1_000, persona_block_max_chars=800)
     stub = stub_for(channel, caller)
 
     async def put(content: str, sc: pb.Scope = SCOPE, **fields: object) -> pb.Memory:
@@ -127,7 +127,7 @@ async def test_larger_than_the_limit_is_refused_and_writes_nothing(
             await put(fact("giraffe", 1_001), **fields)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "core-memory limit of 1,000" in (err.value.details() or "")
-        assert "MEMSVC_CORE_HUMAN_MAX_CHARS" in (err.value.details() or "")
+        assert "MEMSVC_HUMAN_BLOCK_MAX_CHARS" in (err.value.details() or "")
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await stub.Correct(
             pb.CorrectRequest(scope=SCOPE, memory_id=pinned.memory_id, new_content="y" * 1_001)
@@ -136,10 +136,13 @@ async def test_larger_than_the_limit_is_refused_and_writes_nothing(
     assert "new_content" in (err.value.details() or "")
     # Nothing written, nothing superseded (read-time fields aside).
     assert stable(await listed(caller)) == stable(before)
-    # A persona's block names its own setting; unpinned, the same text is an ordinary fact.
+    # A persona scope's core facts belong to its human block too (the persona block is
+    # written text only): the human limit applies; unpinned, the same text is ordinary.
+    persona_scope = pb.Scope(user_id="alice", persona_id="p1")
+    assert (await put(fact("hyena", 801), persona_scope, pinned=True)).pinned
     with pytest.raises(grpc.aio.AioRpcError) as err:
-        await put(fact("hyena", 801), pb.Scope(user_id="alice", persona_id="p1"), pinned=True)
-    assert "MEMSVC_CORE_PERSONA_MAX_CHARS" in (err.value.details() or "")
+        await put(fact("iguana", 1_001), persona_scope, pinned=True)
+    assert "MEMSVC_HUMAN_BLOCK_MAX_CHARS" in (err.value.details() or "")
     plain = await put(fact("ibis", 1_500))
     assert plain.role == "context" and not plain.pinned
 

@@ -153,12 +153,12 @@ def test_settings_parse_and_validate_half_lives() -> None:
 def test_settings_core_limits_and_references() -> None:
     settings = Settings.from_env(
         {
-            "MEMSVC_CORE_HUMAN_MAX_CHARS": "1500",
-            "MEMSVC_CORE_PERSONA_MAX_CHARS": "0",
+            "MEMSVC_HUMAN_BLOCK_MAX_CHARS": "1500",
+            "MEMSVC_PERSONA_BLOCK_MAX_CHARS": "0",
             "MEMSVC_REFERENCES_FLUSH_INTERVAL_MS": "250",
         }
     )
-    assert (settings.core_human_max_chars, settings.core_persona_max_chars) == (1500, 0)
+    assert (settings.human_block_max_chars, settings.persona_block_max_chars) == (1500, 0)
     assert settings.references_flush_interval_ms == 250
     with pytest.raises(ConfigError, match="REFERENCES_FLUSH_INTERVAL_MS"):
         Settings.from_env({"MEMSVC_REFERENCES_FLUSH_INTERVAL_MS": "0"})

@@ -1,9 +1,12 @@
 """The core-memory limit: keep each scope's core block within its character budget.
 
-The core block of a scope is what Prefetch's core section shows from it: current facts that
-are pinned or have the core role (the vocabulary's first). Its size is the characters of
-their content. A limit applies per exact scope: MEMSVC_CORE_HUMAN_MAX_CHARS when persona_id
-is empty, MEMSVC_CORE_PERSONA_MAX_CHARS for a persona's scope.
+The core facts of a scope are what Prefetch's core section shows from it: current facts
+that are pinned or have the core role (the vocabulary's first). They belong to the scope's
+human core block (memories.core_blocks), whose limit covers its written text and its facts
+together: the facts may take the tenant's human-block limit (MEMSVC_HUMAN_BLOCK_MAX_CHARS, or
+the tenant's `--human-block-chars`) minus the characters of the block's written text, both
+read in the compacting transaction. This is how extraction promotes fundamental facts into
+the human block within its limit; the persona block holds written text only.
 
 A write that would make the block overflow (Remember pinned or core, Correct of a core
 memory, extraction writing a core fact) compacts it in the same transaction, under the
@@ -44,6 +47,7 @@ from memsvc.governance import trust
 from memsvc.memories.normalize import content_hash, normalize_content
 from memsvc.observability import metrics
 from memsvc.storage import core as store
+from memsvc.storage import core_blocks as blocks_store
 from memsvc.storage.connection import Connection
 from memsvc.storage.extraction import lock_user
 from memsvc.storage.memories import insert_or_reinforce
@@ -72,22 +76,37 @@ class CoreSummarizer(Protocol):
 
 @dataclass(frozen=True)
 class CoreLimits:
-    """Character budgets of the core blocks (0: no limit) and the core role."""
+    """The server's default character limits of the core blocks (0: no limit; a tenant may
+    override each) and the core role."""
 
     human_chars: int
     persona_chars: int
     core_role: str
 
-    def limit(self, scope: Scope) -> int:
-        return self.persona_chars if scope.persona_id else self.human_chars
+    def human_limit(self, tenant_limit: int | None) -> int:
+        return self.human_chars if tenant_limit is None else tenant_limit
 
-    def setting(self, scope: Scope) -> str:
-        return (
-            "MEMSVC_CORE_PERSONA_MAX_CHARS" if scope.persona_id else "MEMSVC_CORE_HUMAN_MAX_CHARS"
-        )
+    def persona_limit(self, tenant_limit: int | None) -> int:
+        return self.persona_chars if tenant_limit is None else tenant_limit
 
     def in_block(self, *, pinned: bool, role: str) -> bool:
         return pinned or role == self.core_role
+
+
+HUMAN_LIMIT_SETTING = "MEMSVC_HUMAN_BLOCK_MAX_CHARS, or the tenant's --human-block-chars"
+
+
+@dataclass(frozen=True)
+class FactRoom:
+    """Room of a scope's core facts: the human block's limit (0: none) less its text."""
+
+    limit: int
+    text_chars: int
+
+    @property
+    def chars(self) -> int | None:
+        """Characters the facts may take; None: no limit."""
+        return max(self.limit - self.text_chars, 0) if self.limit else None
 
 
 @dataclass(frozen=True)
@@ -171,15 +190,37 @@ class CoreCompactor:
         self._summarize_timeout_s = summarize_timeout_s
         self._embed_timeout_s = embed_timeout_s
 
-    def check_fits(self, scope: Scope, content: str, *, field: str = "content") -> None:
-        """A single core memory larger than the whole block is refused (nothing written)."""
-        limit = self.limits.limit(scope)
-        if limit and len(content) > limit:
+    async def room(self, conn: Connection, scope: Scope) -> FactRoom:
+        """The scope's room for core facts, read in the caller's transaction."""
+        found = await blocks_store.human_room(conn, scope)
+        return FactRoom(self.limits.human_limit(found.tenant_limit), found.text_chars)
+
+    def precheck(self, scope: Scope, content: str, *, field: str = "content") -> None:
+        """Pre-check without the database, against the server's default human-block limit
+        only: a tenant's own limit and the block's written text are checked by
+        ``check_fits`` inside the write's transaction (which every core writer should call)."""
+        self._refuse(FactRoom(self.limits.human_chars, 0), content, field)
+
+    async def check_fits(
+        self, conn: Connection, scope: Scope, content: str, *, field: str = "content"
+    ) -> None:
+        """A single core memory larger than the block's room (the tenant's human-block limit
+        less its written text) is refused; call inside the write's transaction, under the
+        lock, before writing (nothing is written)."""
+        self._refuse(await self.room(conn, scope), content, field)
+
+    def _refuse(self, room: FactRoom, content: str, field: str) -> None:
+        if room.chars is not None and len(content) > room.chars:
+            taken = (
+                f", {room.text_chars:,} of them taken by the block's written text"
+                if room.text_chars
+                else ""
+            )
             raise InvalidArgument(
                 f"{field}: {len(content):,} characters do not fit the core-memory limit of "
-                f"{limit:,} characters for this scope ({self.limits.setting(scope)}); "
-                "shorten it, or store it unpinned with a role other than "
-                f"{self.limits.core_role!r}"
+                f"{room.limit:,} characters of this scope's human block{taken} "
+                f"({HUMAN_LIMIT_SETTING}); shorten it, or store it unpinned with a role other "
+                f"than {self.limits.core_role!r}"
             )
 
     async def lock(self, conn: Connection, scope: Scope) -> None:
@@ -198,8 +239,8 @@ class CoreCompactor:
         """Bring the scope's core block within its limit; call inside the write's transaction
         after ``lock``. Returns what was demoted, in the order displaced (and the summary
         written, if any): the caller reports it, so no explicit pin is lost silently."""
-        limit = self.limits.limit(scope)
-        if not limit:
+        limit = (await self.room(conn, scope)).chars
+        if limit is None:
             return CompactionResult()
         records = await store.block(conn, scope, self.limits.core_role)
         if block_chars(records) <= limit:

@@ -9,7 +9,16 @@ from __future__ import annotations
 
 from google.protobuf.message import DecodeError
 
-from memsvc.prefetch.model import CORE, EPISODES, PERSONA, RELEVANT, EpisodeRecord, Packet
+from memsvc.prefetch.model import (
+    CORE,
+    EPISODES,
+    HUMAN_BLOCK,
+    PERSONA,
+    PERSONA_BLOCK,
+    RELEVANT,
+    EpisodeRecord,
+    Packet,
+)
 from memsvc.v1 import memory_pb2 as pb
 from memsvc.wire.convert import memory, scope, timestamp
 
@@ -39,6 +48,10 @@ def to_proto(packet: Packet) -> pb.PrefetchResponse:
         c = packet.counts.get(name)
         return pb.SectionCount(shown=c.shown, total=c.total) if c else pb.SectionCount()
 
+    def chars(name: str) -> pb.BlockCount:
+        c = packet.counts.get(name)
+        return pb.BlockCount(shown_chars=c.shown, total_chars=c.total) if c else pb.BlockCount()
+
     return pb.PrefetchResponse(
         text=packet.body,
         facts=[memory(r) for r in packet.facts],
@@ -48,6 +61,8 @@ def to_proto(packet: Packet) -> pb.PrefetchResponse:
             core=count(CORE),
             relevant=count(RELEVANT),
             episodes=count(EPISODES),
+            persona_block=chars(PERSONA_BLOCK),
+            human_block=chars(HUMAN_BLOCK),
         ),
         version=packet.version,
         degraded=packet.degraded,

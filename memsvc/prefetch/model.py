@@ -12,6 +12,9 @@ PERSONA = "persona"
 CORE = "core"
 RELEVANT = "relevant"
 EPISODES = "episodes"
+# The core blocks' text (their counts are characters, not items).
+PERSONA_BLOCK = "persona_block"
+HUMAN_BLOCK = "human_block"
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,19 @@ async def core_facts(
     return [record_from_row(r) for r in rows]
 
 
+async def block_texts(conn: Connection, scope: Scope, *, timeout_s: float) -> dict[str, str]:
+    """The exact scope's current core-block texts by block ("persona", "human"); a block
+    never written is absent. Tagged as part of the core stage."""
+    rows = await conn.fetch(
+        "/* memsvc:prefetch:core:blocks */ SELECT block, text FROM core_block_revisions"
+        " WHERE tenant_id = $1 AND user_id = $2 AND persona_id = $3 AND agent_id = $4"
+        " AND replaced_at IS NULL",
+        *scope.key,
+        timeout=timeout_s,
+    )
+    return {r["block"]: r["text"] for r in rows}
+
+
 async def persona_facts(
     conn: Connection, scope: Scope, *, limit: int, timeout_s: float
 ) -> list[tuple[MemoryRecord, float]]:

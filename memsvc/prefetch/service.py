@@ -7,7 +7,8 @@
    answer ``cache: BYPASSED``; the call's own deadline cut the cache short (Redis may be
    fine): ``cache: SKIPPED``.
 2. Otherwise build once per (key, version) (single flight), as two legs on their own
-   connections: "core" (pinned/core and persona facts) and "relevant" (hint embedding,
+   connections: "core" (the core blocks' text, pinned/core and persona facts) and
+   "relevant" (hint embedding,
    topic ranking, episode walk, relevant facts). A leg not done when the budget runs out is
    cancelled and the packet is built from the rest, marked degraded and not cached; nor is
    a version 0 one (nothing stored, or an erased user).
@@ -44,7 +45,9 @@ from memsvc.prefetch import assembly, codec, expiry, packet, queries
 from memsvc.prefetch.model import (
     CORE,
     EPISODES,
+    HUMAN_BLOCK,
     PERSONA,
+    PERSONA_BLOCK,
     RELEVANT,
     EdgeRow,
     EpisodeRecord,
@@ -137,6 +140,8 @@ class PrefetchResult:
 class _CoreParts:
     core: list[MemoryRecord]
     persona: list[tuple[MemoryRecord, float]]
+    # The exact scope's core-block texts by block ("persona", "human").
+    blocks: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -362,6 +367,9 @@ class PrefetchService:
         async with acquire(
             self._pool, budget, timeout_s=self._config.acquire_timeout_s, busy_is_late=True
         ) as conn:
+            blocks = await queries.block_texts(
+                conn, query.scope, timeout_s=statement_timeout(budget)
+            )
             core = await queries.core_facts(
                 conn,
                 query.scope,
@@ -374,7 +382,7 @@ class PrefetchService:
                 persona = await queries.persona_facts(
                     conn, query.scope, limit=cfg.facts, timeout_s=statement_timeout(budget)
                 )
-        return _CoreParts(core, persona)
+        return _CoreParts(core, persona, blocks)
 
     async def _embed_hint(self, hint: str, budget: Budget, parts: _RelevantParts) -> Vector | None:
         started = time.perf_counter()
@@ -543,10 +551,18 @@ class PrefetchService:
             (e for e in relevant.episodes if e.scope == scope),
             key=lambda e: (-e.ended_at.timestamp(), e.episode_id),
         )
+        persona_block = packet.persona_block_section(
+            scope.persona_id, core.blocks.get("persona", "")
+        )
+        human_block = packet.human_block_section(core.blocks.get("human", ""))
         sections = [
+            persona_block,
             packet.persona_section(
-                scope.persona_id, [packet.fact_line(r) for r in persona_records]
+                scope.persona_id,
+                [packet.fact_line(r) for r in persona_records],
+                after_block=bool(persona_block.lines),
             ),
+            human_block,
             packet.core_section([packet.fact_line(r) for r in core_records]),
             packet.relevant_section([packet.fact_line(r) for r in relevant_records]),
             packet.episodes_section([packet.episode_line(e) for e in episodes]),
@@ -567,6 +583,12 @@ class PrefetchService:
             facts=tuple(facts),
             episodes=tuple(episodes[: shown[EPISODES]]),
             counts={
+                PERSONA_BLOCK: SectionCount(
+                    persona_block.shown_size(shown[PERSONA_BLOCK]), persona_block.total_size()
+                ),
+                HUMAN_BLOCK: SectionCount(
+                    human_block.shown_size(shown[HUMAN_BLOCK]), human_block.total_size()
+                ),
                 PERSONA: SectionCount(shown[PERSONA], len(persona_records)),
                 CORE: SectionCount(shown[CORE], len(core_records)),
                 RELEVANT: SectionCount(shown[RELEVANT], len(relevant_records)),
