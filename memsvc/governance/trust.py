@@ -13,6 +13,8 @@ One stored ``confidence`` has four update rules that never overwrite each other 
    (an identical Remember) or stays (extraction). It never lowers trust.
 4. An explicit correction writes a new version with confidence 1.0 and origin
    ``correction``; like a pinned memory, it does not decay (the user said so).
+5. A confidence set by UpdateMemory replaces the stored one and counts as a confirmation:
+   ``last_reinforced_at`` moves to now, so the new value decays from the moment it was set.
 """
 
 from __future__ import annotations

@@ -19,12 +19,22 @@ from memsvc.errors import FailedPrecondition, InvalidArgument, NotFound
 from memsvc.extraction.predicates import TOPIC_OF_PREDICATE
 from memsvc.governance import trust
 from memsvc.governance.guard import PiiGuard
+from memsvc.memories import update as updating
 from memsvc.memories.compaction import CoreCompactor
 from memsvc.memories.normalize import content_hash
 from memsvc.retrieval.references import ReferenceRecorder
-from memsvc.storage import erasure, versions
+from memsvc.storage import edits, erasure, retention, versions
 from memsvc.storage import memories as store
-from memsvc.storage.model import ListQuery, MemoryRecord, NewMemory, Page, Scope
+from memsvc.storage.extraction import lock_user
+from memsvc.storage.model import (
+    ListQuery,
+    MemoryEdit,
+    MemoryRecord,
+    MemoryUpdate,
+    NewMemory,
+    Page,
+    Scope,
+)
 from memsvc.storage.pool import acquire
 
 log = logging.getLogger(__name__)
@@ -43,8 +53,25 @@ class Remembered(NamedTuple):
     displaced: tuple[MemoryRecord, ...] = ()
 
 
+class Updated(NamedTuple):
+    """What UpdateMemory did: the memory as it is now, the core memories it displaced (in the
+    order displaced), and whether anything changed."""
+
+    record: MemoryRecord
+    displaced: tuple[MemoryRecord, ...]
+    changed: bool
+
+
+class History(NamedTuple):
+    """A memory's supersession chain, oldest first, and the in-place edits of its versions."""
+
+    versions: list[MemoryRecord]
+    edits: list[MemoryEdit]
+
+
 class MemoryService:
-    """Remember, Correct, Forget, List and History for one tenant-scoped caller at a time."""
+    """Remember, Correct, Update, Forget, Get, List and History for one tenant-scoped caller
+    at a time."""
 
     def __init__(
         self,
@@ -89,8 +116,6 @@ class MemoryService:
         memory, redactions = await self._guard.screen_memory(scope.tenant_id, memory)
         digest = content_hash(memory.content)
         compactor = self._core_compactor(pinned=memory.pinned, role=memory.role)
-        if compactor is not None:
-            compactor.check_fits(scope, memory.content)
         async with acquire(self._pool, budget, timeout_s=self._acquire_timeout_s) as conn:
             # An exact duplicate needs no embedding: skip the model call when we can see it.
             duplicate = await store.find_active_duplicate(conn, scope, digest)
@@ -98,6 +123,8 @@ class MemoryService:
             async with conn.transaction():
                 if compactor is not None:
                     await compactor.lock(conn, scope)
+                    # The room left by the human block's text, read under the lock.
+                    await compactor.check_fits(conn, scope, memory.content)
                 record, reinforced = await store.insert_or_reinforce(
                     conn,
                     scope,
@@ -146,7 +173,7 @@ class MemoryService:
                 raise NotFound(f"memory {memory_id} not found in this scope")
             compactor = self._core_compactor(pinned=old.pinned, role=old.role)
             if compactor is not None:
-                compactor.check_fits(old.scope, new_content, field="new_content")
+                await compactor.check_fits(conn, old.scope, new_content, field="new_content")
             if old.invalid_at is not None:
                 raise FailedPrecondition(
                     f"memory {memory_id} was already superseded by {old.superseded_by_id}; "
@@ -261,16 +288,116 @@ class MemoryService:
             )
         return replace(page, memories=[self._decorate(r) for r in page.memories])
 
-    async def history(
-        self, scope: Scope, memory_id: uuid.UUID, budget: Budget
-    ) -> list[MemoryRecord]:
-        """The supersession chain holding the memory, oldest first."""
+    async def history(self, scope: Scope, memory_id: uuid.UUID, budget: Budget) -> History:
+        """The supersession chain holding the memory, oldest first, with its edits."""
         async with acquire(self._pool, budget, timeout_s=self._acquire_timeout_s) as conn:
             record = await store.get_visible(conn, scope, memory_id)
             if record is None:
                 raise NotFound(f"memory {memory_id} not found in this scope")
             versions_ = await store.lineage(conn, scope, record.lineage_id)
-        return [self._decorate(r) for r in versions_]
+            found = await edits.edits_of(
+                conn, scope.tenant_id, scope.user_id, [r.memory_id for r in versions_]
+            )
+        return History([self._decorate(r) for r in versions_], found)
+
+    async def get(self, scope: Scope, memory_id: uuid.UUID, budget: Budget) -> MemoryRecord:
+        """One memory, current or superseded, written in the scope or shared into it."""
+        async with acquire(self._pool, budget, timeout_s=self._acquire_timeout_s) as conn:
+            record = await store.get_visible(conn, scope, memory_id)
+        if record is None:
+            raise NotFound(f"memory {memory_id} not found in this scope")
+        if self._references is not None:
+            self._references.record(scope.tenant_id, scope.user_id, (record.memory_id,))
+        return self._decorate(record)
+
+    async def update(
+        self, scope: Scope, memory_id: uuid.UUID, update: MemoryUpdate, budget: Budget
+    ) -> Updated:
+        """Change pinned, category, role, sharing, retention or confidence of one current
+        memory of exactly this scope in place, recording the edit; a memory that joins the
+        core block compacts it. Values equal to the stored ones write nothing."""
+        reason = await self._screen_reason(scope.tenant_id, update.reason)
+        async with (
+            acquire(self._pool, budget, timeout_s=self._acquire_timeout_s) as conn,
+            conn.transaction(),
+        ):
+            # Before the row lock: the order every core writer takes them in.
+            await lock_user(conn, scope.tenant_id, scope.user_id)
+            old = await store.get_owned(conn, scope, memory_id, for_update=True)
+            if old is None:
+                raise NotFound(f"memory {memory_id} not found in this scope")
+            if old.invalid_at is not None:
+                raise FailedPrecondition(
+                    f"memory {memory_id} was superseded by {old.superseded_by_id}; "
+                    "update the current version instead"
+                )
+            plan = updating.plan(old, update, datetime.now(UTC))
+            if not plan.changed:
+                return Updated(self._decorate(old), (), False)
+            compactor = self._joins_core(old, plan)
+            if compactor is not None:
+                field = "pinned" if plan.pinned and not old.pinned else "role"
+                await compactor.check_fits(conn, old.scope, old.content, field=field)
+                await self._check_core_content(old, field)
+            record = await edits.update_in_place(
+                conn,
+                old,
+                pinned=plan.pinned,
+                category=plan.category,
+                role=plan.role,
+                sharing=plan.sharing,
+                retention_policy=plan.retention_policy,
+                confidence=plan.confidence,
+                rearm_expiry=plan.rearm_expiry,
+                expires_in_s=plan.expires_in_s,
+                confirmed=plan.confirmed,
+                into_core=compactor is not None,
+            )
+            await edits.insert_edit(
+                conn, old, fields=plan.fields, before=plan.before, after=plan.after, reason=reason
+            )
+            if plan.rearm_expiry:
+                # Every version of a memory shares its retention (its chain expires as one).
+                await retention.align_lineage(conn, scope.tenant_id, scope.user_id, old.lineage_id)
+            displaced: tuple[MemoryRecord, ...] = ()
+            if compactor is not None:
+                compacted = await compactor.enforce(
+                    conn,
+                    old.scope,
+                    protect={old.memory_id},
+                    path="update",
+                    budget_s=budget.remaining(),
+                )
+                displaced = compacted.displaced
+            await versions.bump_version(conn, scope.tenant_id, scope.user_id)
+        await self._invalidator.drop_user(scope.tenant_id, scope.user_id)
+        return Updated(self._decorate(record), tuple(self._decorate(r) for r in displaced), True)
+
+    def _joins_core(self, old: MemoryRecord, plan: updating.Plan) -> CoreCompactor | None:
+        """The compactor when the update brings the memory into the core block."""
+        if self._core_compactor(pinned=old.pinned, role=old.role) is not None:
+            return None
+        return self._core_compactor(pinned=plan.pinned, role=plan.role)
+
+    async def _screen_reason(self, tenant_id: str, reason: str) -> str:
+        """The edit's reason as it may be stored (the tenant's PII policy, as Correct's)."""
+        if not reason:
+            return reason
+        policy = await self._guard.policy(tenant_id)
+        screened = self._guard.screen(reason, policy)
+        self._guard.record("update", [screened])
+        self._guard.refuse("reason", screened)
+        return screened.text
+
+    async def _check_core_content(self, old: MemoryRecord, field: str) -> None:
+        """Core memory never holds personal data, whatever the policy: a memory whose content
+        kept some (a policy that stores it) cannot join the core block as it is."""
+        policy = await self._guard.policy(old.scope.tenant_id)
+        if self._guard.screen(old.content, policy, core=True).found:
+            raise FailedPrecondition(
+                f"{field}: this memory's content holds personal data, which core memory never "
+                "keeps; Correct it first, or Remember the fact again without it"
+            )
 
     def _decorate(self, record: MemoryRecord) -> MemoryRecord:
         return trust.decorate(record, datetime.now(UTC), self._trust)

@@ -23,7 +23,7 @@ _COLUMNS_WITH = """
     reinforced_count, pinned, valid_from, invalid_at, recorded_at, supersedes_id,
     superseded_by_id, source_message_ids, session_id, origin, correction_reason, status,
     last_reinforced_at, {referenced} AS last_referenced_at, demoted_at,
-    demoted_role, retention_policy, expires_at
+    demoted_role, retention_policy, expires_at, updated_at
 """
 _COLUMNS = _COLUMNS_WITH.format(referenced=last_referenced_sql("memories"))
 # The hot reads (Recall, Prefetch) leave last_referenced_at out: they are the reads that set
@@ -67,6 +67,7 @@ def record_from_row(row: asyncpg.Record) -> MemoryRecord:
         demoted_role=row["demoted_role"] or "",
         retention_policy=row["retention_policy"],
         expires_at=row["expires_at"],
+        updated_at=row["updated_at"],
     )
 
 
@@ -82,6 +83,18 @@ async def find_active_duplicate(
         content_hash,
     )
     return value
+
+
+# The ON CONFLICT assignment every reinforcing insert makes (after its session_id one):
+# the other sessions (or '' outside any) the memory was stated in, ForgetSession's
+# provenance (storage.sessions).
+ALSO_STATED_IN_ON_REINFORCE = """also_stated_in = ARRAY(
+                SELECT DISTINCT s FROM unnest(memories.also_stated_in
+                    || ARRAY[memories.session_id, EXCLUDED.session_id]) AS s
+                WHERE s <> CASE WHEN EXCLUDED.origin = 'explicit'
+                    AND EXCLUDED.retention_policy = 'session'
+                    THEN EXCLUDED.session_id ELSE memories.session_id END
+                ORDER BY 1)"""
 
 
 async def insert_or_reinforce(
@@ -137,7 +150,8 @@ async def insert_or_reinforce(
                 THEN EXCLUDED.expires_at ELSE memories.expires_at END,
             session_id = CASE WHEN EXCLUDED.origin = 'explicit'
                 AND EXCLUDED.retention_policy = 'session'
-                THEN EXCLUDED.session_id ELSE memories.session_id END
+                THEN EXCLUDED.session_id ELSE memories.session_id END,
+            {ALSO_STATED_IN_ON_REINFORCE}
         WHERE {not_expired("memories")}
         RETURNING {_COLUMNS}, (xmax <> 0) AS reinforced
         """

@@ -102,8 +102,44 @@ class MemoryRecord:
     demoted_at: datetime | None = None
     # The role it had in the core block before compaction demoted it ("" if never demoted).
     demoted_role: str = ""
+    # When UpdateMemory last changed it in place (None: never).
+    updated_at: datetime | None = None
     # Filled by the service answering (trust.decorate); None: not computed.
     effective_confidence: float | None = None
+
+
+# The fields UpdateMemory may change, in the order an edit lists them.
+UPDATE_PATHS = ("pinned", "category", "role", "sharing", "retention_policy", "ttl", "confidence")
+
+
+@dataclass(frozen=True)
+class MemoryUpdate:
+    """A validated UpdateMemory: the mask paths (in UPDATE_PATHS order) and their new values
+    (a value outside ``paths`` is ignored)."""
+
+    paths: tuple[str, ...]
+    pinned: bool = False
+    category: str = ""
+    role: str = ""
+    sharing: Sharing = Sharing()
+    retention_policy: str = ""
+    # Seconds the memory lives from now: the ttl, or the session backstop for SESSION.
+    expires_in_s: float | None = None
+    confidence: float = 0.0
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class MemoryEdit:
+    """One in-place change of a memory version (UpdateMemory), as stored in memory_edits."""
+
+    edit_id: uuid.UUID
+    memory_id: uuid.UUID
+    edited_at: datetime
+    fields: tuple[str, ...]
+    before: dict[str, str]
+    after: dict[str, str]
+    reason: str = ""
 
 
 @dataclass(frozen=True)

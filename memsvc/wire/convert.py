@@ -10,7 +10,7 @@ from datetime import datetime
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from memsvc.storage.model import MemoryRecord, Scope
+from memsvc.storage.model import MemoryEdit, MemoryRecord, Scope
 from memsvc.v1 import memory_pb2 as pb
 
 _STATUS = {
@@ -79,6 +79,19 @@ def _trust_fields(msg: pb.Memory, record: MemoryRecord) -> None:
         ("last_reinforced_at", record.last_reinforced_at),
         ("last_referenced_at", record.last_referenced_at),
         ("demoted_at", record.demoted_at),
+        ("updated_at", record.updated_at),
     ):
         if value is not None:
             getattr(msg, name).CopyFrom(timestamp(value))
+
+
+def memory_edit(edit: MemoryEdit) -> pb.MemoryEdit:
+    """One in-place change (UpdateMemory) as GetMemoryHistory shows it."""
+    return pb.MemoryEdit(
+        memory_id=str(edit.memory_id),
+        edited_at=timestamp(edit.edited_at),
+        fields=list(edit.fields),
+        before=edit.before,
+        after=edit.after,
+        reason=edit.reason,
+    )
