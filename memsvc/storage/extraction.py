@@ -132,17 +132,26 @@ async def nearest_active(
 
 
 async def reinforce(
-    conn: Connection, scope: Scope, memory_id: uuid.UUID, source_ids: Sequence[str]
+    conn: Connection,
+    scope: Scope,
+    memory_id: uuid.UUID,
+    source_ids: Sequence[str],
+    session_id: str = "",
 ) -> None:
+    """Count one more statement of the fact; `session_id`, the session it was stated in, is
+    kept in also_stated_in when it is not the fact's own (ForgetSession's provenance)."""
     await conn.execute(
         f"UPDATE memories SET reinforced_count = reinforced_count + 1,"
         " last_reinforced_at = now(),"
         " source_message_ids = ARRAY(SELECT DISTINCT unnest(source_message_ids || $6::text[])"
-        " ORDER BY 1)"
+        " ORDER BY 1),"
+        " also_stated_in = CASE WHEN $7 = '' OR $7 = session_id OR $7 = ANY(also_stated_in)"
+        " THEN also_stated_in ELSE also_stated_in || $7 END"
         f" WHERE {_EXACT_SCOPE} AND memory_id = $5",
         *scope.key,
         memory_id,
         list(source_ids),
+        session_id,
     )
 
 
