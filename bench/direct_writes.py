@@ -22,7 +22,7 @@ from memsvc.cache.keys import user_index_key
 from memsvc.embedding.onnx_minilm import OnnxMiniLMEmbedder
 from memsvc.ingest.payload import JobPayload
 from memsvc.memories.normalize import content_hash
-from memsvc.storage import memories, outbox, versions
+from memsvc.storage import memories, memory_batches, outbox, versions
 from memsvc.storage.messages import StoredMessage, insert_messages
 from memsvc.storage.model import NewMemory, Scope
 
@@ -64,6 +64,41 @@ async def remember(
             await versions.bump_version(conn, scope.tenant_id, scope.user_id)
     await drop_cached_packets(client, scope)
     return "reinforced" if reinforced else "new"
+
+
+async def remember_batch(
+    pool: asyncpg.Pool,
+    client: aioredis.Redis,
+    embedder: OnnxMiniLMEmbedder,
+    scope: Scope,
+    contents: list[str],
+    *,
+    timeout_s: float,
+) -> str:
+    """RememberBatch's rows written the fastest direct way: one embedder call for every
+    content, one multi-row upsert (memsvc's own statement), the version bump and the cache
+    invalidation. "new" when every row was new."""
+    vectors = await embedder.embed(contents, timeout_s=timeout_s)
+    rows = [
+        memory_batches.BatchRow(
+            scope,
+            NewMemory(content=c, category="context", role="context", confidence=0.9),
+            content_hash(c),
+            v,
+        )
+        for c, v in zip(contents, vectors, strict=True)
+    ]
+    async with pool.acquire(timeout=timeout_s) as conn, conn.transaction():
+        written = await memory_batches.insert_or_reinforce_many(
+            conn,
+            scope.tenant_id,
+            rows,
+            embedding_model=embedder.model_id,
+            dimension=embedder.dimension,
+        )
+        await versions.bump_version(conn, scope.tenant_id, scope.user_id)
+    await drop_cached_packets(client, scope)
+    return "reinforced" if any(reinforced for _, reinforced in written) else "new"
 
 
 @dataclass(frozen=True)
