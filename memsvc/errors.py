@@ -51,6 +51,12 @@ class ResourceExhausted(MemsvcError):
         self.retry_after_s = retry_after_s
 
 
+class OutOfRange(MemsvcError):
+    """A position or offset past what is kept (e.g. a change stream resumed too late)."""
+
+    code = grpc.StatusCode.OUT_OF_RANGE
+
+
 class Unavailable(MemsvcError):
     """A dependency (database, embedder) cannot answer right now; safe to retry."""
 

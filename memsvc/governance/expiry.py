@@ -29,7 +29,7 @@ import asyncpg
 from memsvc.cache.invalidation import PacketInvalidator
 from memsvc.config import WORKER_ACQUIRE_TIMEOUT_S
 from memsvc.observability import metrics
-from memsvc.storage import retention
+from memsvc.storage import changes, retention
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,8 @@ class ExpirySettings:
     batch: int = 500
     # MEMSVC_WORKER_ACQUIRE_TIMEOUT_MS: longer than a call's wait for a connection.
     acquire_timeout_s: float = WORKER_ACQUIRE_TIMEOUT_S
+    # MEMSVC_CHANGES_RETENTION_S: how long the change stream keeps its entries.
+    changes_retention_s: float = 7 * 86400.0
 
 
 @dataclass
@@ -62,6 +64,8 @@ class ExpiryReport:
     topics: int = 0
     messages: int = 0
     batches: int = 0
+    # Change-stream entries pruned (not counted in total: they are not user data).
+    changes: int = 0
 
     @property
     def total(self) -> int:
@@ -93,6 +97,8 @@ class ExpiryTask:
             pass
         while await self._message_batch(report) >= limit:
             pass
+        while await self._changes_batch(report) >= limit:
+            pass
         if report.total:
             log.info(
                 "expired %d memories, %d episodes, %d topics, %d messages in %d batches",
@@ -105,7 +111,8 @@ class ExpiryTask:
         return report
 
     async def _memory_batch(self, report: ExpiryReport) -> int:
-        async with self._acquire() as conn:
+        # One transaction: the change stream stamps these deletes with the new versions.
+        async with self._acquire() as conn, conn.transaction():
             scopes = await retention.expire_memories(conn, self._settings.batch)
             users = {(s.tenant_id, s.user_id) for s in scopes}
             await retention.bump_versions(conn, users)
@@ -148,6 +155,17 @@ class ExpiryTask:
         report.batches += 1
         metrics.EXPIRED.labels("message").inc(len(deleted))
         return len(deleted)
+
+    async def _changes_batch(self, report: ExpiryReport) -> int:
+        """Change-stream entries older than MEMSVC_CHANGES_RETENTION_S (each user's pruned
+        horizon is kept, so resuming below it is OUT_OF_RANGE, not a silent gap)."""
+        async with self._acquire() as conn:
+            pruned = await changes.prune(
+                conn, self._settings.changes_retention_s, self._settings.batch
+            )
+        report.changes += pruned
+        metrics.EXPIRED.labels("change").inc(pruned)
+        return pruned
 
     def _acquire(self) -> asyncpg.pool.PoolAcquireContext:
         return self._pool.acquire(timeout=self._settings.acquire_timeout_s)

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 
 import asyncpg
 
-from memsvc.storage import messages
+from memsvc.storage import changes, messages
 from memsvc.storage.conditions import not_expired
 from memsvc.storage.connection import Connection
 from memsvc.storage.extraction import lock_user
@@ -31,9 +31,14 @@ def _scopes(rows: Iterable[asyncpg.Record]) -> list[Scope]:
 async def expire_memories(conn: Connection, limit: int) -> list[Scope]:
     """Delete up to ``limit`` expired memory rows, oldest expiry first; an expired current
     version takes its whole supersession chain with it. Derived edges (episode -> fact) go by
-    cascade. Returns the scope of every row deleted (one entry per row)."""
-    rows = await conn.fetch(
-        """
+    cascade. Returns the scope of every row deleted (one entry per row). Call inside a
+    transaction: the change stream records these deletes as expired."""
+    async with changes.deletes_recorded_as(conn, "expired"):
+        rows = await conn.fetch(_EXPIRE_MEMORIES, limit)
+    return _scopes(rows)
+
+
+_EXPIRE_MEMORIES = """
         WITH picked AS (
             SELECT tenant_id, user_id, memory_id, lineage_id, invalid_at FROM memories
             WHERE expires_at <= now()
@@ -52,10 +57,7 @@ async def expire_memories(conn: Connection, limit: int) -> list[Scope]:
                UNION SELECT tenant_id, user_id, memory_id FROM chain) AS d
         WHERE m.tenant_id = d.tenant_id AND m.user_id = d.user_id AND m.memory_id = d.memory_id
         RETURNING m.tenant_id, m.user_id, m.persona_id, m.agent_id
-        """,
-        limit,
-    )
-    return _scopes(rows)
+        """
 
 
 async def expire_messages(conn: Connection, limit: int) -> list[tuple[Scope, str]]:
@@ -169,12 +171,13 @@ async def end_session(conn: Connection, scopes: Sequence[Scope], session_id: str
     deleted = 0
     for scope in dict.fromkeys(scopes):
         await lock_user(conn, scope.tenant_id, scope.user_id)
-        status: str = await conn.execute(
-            "DELETE FROM memories WHERE tenant_id = $1 AND user_id = $2 AND persona_id = $3"
-            " AND agent_id = $4 AND session_id = $5 AND retention_policy = 'session'",
-            *scope.key,
-            session_id,
-        )
+        async with changes.deletes_recorded_as(conn, "expired"):
+            status: str = await conn.execute(
+                "DELETE FROM memories WHERE tenant_id = $1 AND user_id = $2 AND persona_id = $3"
+                " AND agent_id = $4 AND session_id = $5 AND retention_policy = 'session'",
+                *scope.key,
+                session_id,
+            )
         deleted += int(status.split()[-1])
     return deleted
 
@@ -183,14 +186,15 @@ async def drop_expired_duplicate(conn: Connection, scope: Scope, content_hash: b
     """Delete the expired (not yet purged) active memory with exactly this content in exactly
     this scope, with its chain, so a new write of the same content starts a fresh memory
     instead of reviving an expired one. Returns rows deleted."""
-    status: str = await conn.execute(
-        "DELETE FROM memories WHERE tenant_id = $1 AND user_id = $2 AND lineage_id IN ("
-        " SELECT lineage_id FROM memories WHERE tenant_id = $1 AND user_id = $2"
-        " AND persona_id = $3 AND agent_id = $4 AND content_hash = $5"
-        " AND invalid_at IS NULL AND expires_at <= now())",
-        *scope.key,
-        content_hash,
-    )
+    async with changes.deletes_recorded_as(conn, "expired"):
+        status: str = await conn.execute(
+            "DELETE FROM memories WHERE tenant_id = $1 AND user_id = $2 AND lineage_id IN ("
+            " SELECT lineage_id FROM memories WHERE tenant_id = $1 AND user_id = $2"
+            " AND persona_id = $3 AND agent_id = $4 AND content_hash = $5"
+            " AND invalid_at IS NULL AND expires_at <= now())",
+            *scope.key,
+            content_hash,
+        )
     return int(status.split()[-1])
 
 

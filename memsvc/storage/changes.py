@@ -1,0 +1,166 @@
+"""SQL of the change stream: the memory_changes log (written by triggers, see migration 0011),
+read by position, pruned by age, and the settings a writing transaction gives its deletes.
+
+Positions are numbered at commit, in commit order per user (the migration explains why), so
+``position > P ORDER BY position`` never misses a change committed after a reader saw P.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+import asyncpg
+
+from memsvc.storage.connection import Connection
+from memsvc.storage.model import Scope
+
+# The NOTIFY channel; the payload is tenant_id + "\x1f" + user_id.
+CHANNEL = "memsvc_changes"
+SEPARATOR = "\x1f"
+
+# What a deleting transaction's deletes are recorded as ('' : forgotten).
+DeleteKind = Literal["expired", "none", ""]
+
+
+@dataclass(frozen=True)
+class Change:
+    """One committed change (or, with kind 'heartbeat', the stream's current position)."""
+
+    position: int
+    kind: str
+    scope: Scope
+    version: int
+    changed_at: datetime | None
+    memory_id: uuid.UUID | None = None
+    superseded_by_id: uuid.UUID | None = None
+    block: str | None = None
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Changes after a position, and the user's pruned horizon (0: nothing pruned)."""
+
+    changes: list[Change]
+    pruned_through: int
+
+
+async def _set_kind(conn: Connection, kind: str) -> None:
+    await conn.execute("SELECT set_config('memsvc.change_kind', $1, true)", kind)
+
+
+@asynccontextmanager
+async def deletes_recorded_as(conn: Connection, kind: DeleteKind) -> AsyncIterator[None]:
+    """Inside a transaction: memory rows deleted within the block are recorded as ``kind``
+    ('expired': retention; 'none': not at all, for erasure, which records one row itself)."""
+    await _set_kind(conn, kind)
+    yield
+    await _set_kind(conn, "")
+
+
+async def record_erasure(conn: Connection, tenant_id: str, user_id: str) -> None:
+    """The user's change log goes with them; one 'erased' change says so. Call inside the
+    erasing transaction, after the data is deleted."""
+    await conn.execute(
+        "DELETE FROM memory_changes WHERE tenant_id = $1 AND user_id = $2", tenant_id, user_id
+    )
+    await conn.execute(
+        "DELETE FROM memory_change_horizons WHERE tenant_id = $1 AND user_id = $2",
+        tenant_id,
+        user_id,
+    )
+    await conn.execute(
+        "INSERT INTO memory_changes (tenant_id, user_id, kind) VALUES ($1, $2, 'erased')",
+        tenant_id,
+        user_id,
+    )
+
+
+async def head(conn: Connection, tenant_id: str, user_id: str) -> int:
+    """The user's last committed position (their pruned horizon when none is left; 0: none)."""
+    position: int = await conn.fetchval(
+        "SELECT greatest("
+        " (SELECT max(position) FROM memory_changes WHERE tenant_id = $1 AND user_id = $2),"
+        " (SELECT pruned_through FROM memory_change_horizons"
+        "  WHERE tenant_id = $1 AND user_id = $2), 0)",
+        tenant_id,
+        user_id,
+    )
+    return position
+
+
+def _change(r: asyncpg.Record) -> Change:
+    return Change(
+        position=r["position"],
+        kind=r["kind"],
+        scope=Scope(r["tenant_id"], r["user_id"], r["persona_id"], r["agent_id"]),
+        version=r["version"] or 0,
+        changed_at=r["changed_at"],
+        memory_id=r["memory_id"],
+        superseded_by_id=r["superseded_by_id"],
+        block=r["block"],
+    )
+
+
+async def after(conn: Connection, tenant_id: str, user_id: str, position: int, limit: int) -> Batch:
+    """Up to ``limit`` of the user's committed changes after ``position`` (every scope: the
+    caller filters, so its position moves past other scopes' changes too), in position order,
+    with the user's pruned horizon, in one statement."""
+    rows = await conn.fetch(
+        "SELECT h.pruned_through, c.* FROM (SELECT 1) AS one"
+        " LEFT JOIN memory_change_horizons h ON h.tenant_id = $1 AND h.user_id = $2"
+        " LEFT JOIN LATERAL (SELECT tenant_id, user_id, persona_id, agent_id, position, kind,"
+        "  memory_id, superseded_by_id, block, version, changed_at FROM memory_changes"
+        "  WHERE tenant_id = $1 AND user_id = $2 AND position > $3"
+        "  ORDER BY position LIMIT $4) AS c ON true",
+        tenant_id,
+        user_id,
+        position,
+        limit,
+    )
+    pruned: int = (rows[0]["pruned_through"] or 0) if rows else 0
+    return Batch([_change(r) for r in rows if r["position"] is not None], pruned)
+
+
+async def current_version(conn: Connection, tenant_id: str, user_id: str) -> int:
+    version: int | None = await conn.fetchval(
+        "SELECT version FROM scope_versions WHERE tenant_id = $1 AND user_id = $2",
+        tenant_id,
+        user_id,
+    )
+    return version or 0
+
+
+async def prune(conn: Connection, older_than_s: float, limit: int) -> int:
+    """Delete up to ``limit`` committed changes older than ``older_than_s``, oldest first,
+    raising each user's pruned horizon to the highest position removed (one statement).
+    Returns rows deleted."""
+    deleted: int = await conn.fetchval(
+        """
+        WITH gone AS (
+            DELETE FROM memory_changes c
+            USING (SELECT tenant_id, user_id, change_id FROM memory_changes
+                   WHERE changed_at < now() - make_interval(secs => $1)
+                     AND position IS NOT NULL
+                   ORDER BY changed_at
+                   LIMIT $2
+                   FOR UPDATE SKIP LOCKED) AS d
+            WHERE c.tenant_id = d.tenant_id AND c.user_id = d.user_id
+              AND c.change_id = d.change_id
+            RETURNING c.tenant_id, c.user_id, c.position),
+        horizons AS (
+            INSERT INTO memory_change_horizons AS h (tenant_id, user_id, pruned_through)
+            SELECT tenant_id, user_id, max(position) FROM gone GROUP BY tenant_id, user_id
+            ORDER BY tenant_id, user_id
+            ON CONFLICT (tenant_id, user_id) DO UPDATE
+                SET pruned_through = greatest(h.pruned_through, EXCLUDED.pruned_through))
+        SELECT count(*) FROM gone
+        """,
+        older_than_s,
+        limit,
+    )
+    return deleted
