@@ -33,7 +33,7 @@ from tests.read_helpers import pscope
 from tests.test_explicit_memory import remember
 
 FACT, EPISODE, MESSAGE = pb.ITEM_TYPE_FACT, pb.ITEM_TYPE_EPISODE, pb.ITEM_TYPE_MESSAGE
-KINDS = ("memory", "episode", "topic", "message")
+KINDS = ("memory", "episode", "topic", "message", "core_block")
 C = grpc.StatusCode
 
 
@@ -318,7 +318,13 @@ async def test_expired_rows_are_not_exported(caller: Caller, pool: asyncpg.Pool)
     assert by_id[later.memory_id]["expires_at"].endswith("Z")
     assert by_id[kept.memory_id]["expires_at"] is None
     assert [r["session_id"] for r in records if r["type"] == "episode"] == ["s-new"]
-    assert records[-1]["counts"] == {"memory": 2, "episode": 1, "topic": 0, "message": 1}
+    assert records[-1]["counts"] == {
+        "memory": 2,
+        "episode": 1,
+        "topic": 0,
+        "message": 1,
+        "core_block": 0,
+    }
 
 
 # -- refusals -------------------------------------------------------------------------------

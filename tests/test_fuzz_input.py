@@ -30,6 +30,7 @@ import asyncpg
 import grpc
 import pytest
 from google.protobuf import descriptor, message_factory
+from google.protobuf.field_mask_pb2 import FieldMask
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 from hypothesis import HealthCheck, given
@@ -61,6 +62,14 @@ PER_METHOD = {
     "Forget": {C.NOT_FOUND},
     "GetMemoryHistory": {C.NOT_FOUND},
     "GetIngestStatus": {C.NOT_FOUND},
+    # A session this scope never had (or one already forgotten).
+    "ForgetSession": {C.NOT_FOUND},
+    # A stale expected_revision, or an APPEND past the block's limit.
+    "UpdateCoreBlock": {C.FAILED_PRECONDITION},
+    "UpdateMemory": {C.NOT_FOUND, C.FAILED_PRECONDITION},
+    "GetMemory": {C.NOT_FOUND},
+    # A position older than the retained changes.
+    "WatchMemories": {C.OUT_OF_RANGE},
 }
 
 FUZZ_SETTINGS = hypothesis_settings(
@@ -449,6 +458,22 @@ ALICE = pb.Scope(user_id="alice")
 SENT_AT = Timestamp(seconds=1_790_000_000)
 
 
+# One line of an export each (ImportMemories takes one line per stream message).
+IMPORT_SUMMARY_LINE = '{"type":"summary","counts":{}}'
+IMPORT_MEMORY_LINE = (
+    '{"type":"memory","memory_id":"0b6c5d1e-8f4a-4f7e-9a51-3c2d1e0f9a8b",'
+    '"lineage_id":"0b6c5d1e-8f4a-4f7e-9a51-3c2d1e0f9a8b",'
+    '"scope":{"user_id":"alice","persona_id":"","agent_id":""},"content":"Imported fact",'
+    '"triple":null,"category":"context","role":"context","confidence":0.9,'
+    '"reinforced_count":0,"pinned":false,"status":"active",'
+    '"valid_from":"2026-11-01T09:00:00Z","invalid_at":null,"recorded_at":"2026-11-01T09:00:00Z",'
+    '"last_reinforced_at":null,"last_referenced_at":null,"supersedes_id":null,'
+    '"superseded_by_id":null,"source_message_ids":[],"session_id":"","ingest_id":null,'
+    '"origin":"explicit","correction_reason":"","retention_policy":"user-controlled",'
+    '"expires_at":null,"sharing":{"all_agents":false,"all_personas":false},"demoted":null}'
+)
+
+
 def valid_requests(method: str, known: Known) -> st.SearchStrategy[Message]:
     """A well-formed request of each RPC (naming seeded things), for mutations to start from:
     a request that passes validation reaches the storage, embedding and ranking code."""
@@ -495,6 +520,95 @@ def valid_requests(method: str, known: Known) -> st.SearchStrategy[Message]:
         ),
         "GetMemoryHistory": st.builds(
             lambda sc, mid: pb.GetMemoryHistoryRequest(scope=sc, memory_id=mid), scopes, memory_ids
+        ),
+        "ListSessions": st.builds(
+            lambda sc, size, token: pb.ListSessionsRequest(
+                scope=sc, page_size=size, page_token=token
+            ),
+            scopes,
+            st.sampled_from([0, 1, 500]),
+            st.sampled_from(["", *known.page_tokens]),
+        ),
+        "ListEpisodes": st.builds(
+            lambda sc, session: pb.ListEpisodesRequest(scope=sc, page_size=2, session_id=session),
+            scopes,
+            st.sampled_from(["", "s1", "s-fuzz"]),
+        ),
+        "ForgetSession": st.builds(
+            lambda sc, session: pb.ForgetSessionRequest(scope=sc, session_id=session),
+            scopes,
+            st.sampled_from(["s1", "s-fuzz", "never-ingested"]),
+        ),
+        "UpdateMemory": st.builds(
+            lambda mid, paths: pb.UpdateMemoryRequest(
+                scope=ALICE,
+                memory_id=mid,
+                update_mask=FieldMask(paths=paths),
+                pinned=True,
+                category="profile",
+                role="detail",
+                confidence=0.8,
+                reason="fuzz",
+            ),
+            memory_ids,
+            st.lists(st.sampled_from(["pinned", "category", "role", "confidence"]), min_size=1),
+        ),
+        "GetMemory": st.builds(
+            lambda sc, mid: pb.GetMemoryRequest(scope=sc, memory_id=mid), scopes, memory_ids
+        ),
+        "GetCoreBlocks": st.builds(lambda sc: pb.GetCoreBlocksRequest(scope=sc), scopes),
+        "UpdateCoreBlock": st.builds(
+            lambda sc, block, mode, text, author, rev: pb.UpdateCoreBlockRequest(
+                scope=sc,
+                block=block,
+                mode=mode,
+                text=text,
+                author=author,
+                reason="fuzz",
+                expected_revision=rev,
+            ),
+            scopes,
+            st.sampled_from([pb.CORE_BLOCK_KIND_PERSONA, pb.CORE_BLOCK_KIND_HUMAN]),
+            st.sampled_from([pb.CORE_BLOCK_MODE_REPLACE, pb.CORE_BLOCK_MODE_APPEND]),
+            st.sampled_from(["Ava is a calm guide.", "Alice is vegetarian.\nShe has a dog."]),
+            st.sampled_from(["", "agent", "operator"]),
+            st.sampled_from([0, 1, 2]),
+        ),
+        "GetCoreBlockHistory": st.builds(
+            lambda sc, block: pb.GetCoreBlockHistoryRequest(scope=sc, block=block, page_size=5),
+            scopes,
+            st.sampled_from([pb.CORE_BLOCK_KIND_PERSONA, pb.CORE_BLOCK_KIND_HUMAN]),
+        ),
+        # Batch and import (issue 15).
+        "RememberBatch": st.builds(
+            lambda sc, texts, atomic: pb.RememberBatchRequest(
+                scope=sc,
+                items=[pb.RememberRequest(content=t, pinned=i == 0) for i, t in enumerate(texts)],
+                atomic=atomic,
+            ),
+            scopes,
+            st.lists(
+                st.sampled_from(["I like green tea", "I live in Lisbon", "我喜欢喝咖啡"]),
+                min_size=1,
+                max_size=3,
+            ),
+            st.booleans(),
+        ),
+        "ImportMemories": st.builds(
+            lambda sc, line: pb.ImportMemoriesRequest(scope=sc, json=line),
+            scopes,
+            st.sampled_from([IMPORT_SUMMARY_LINE, IMPORT_MEMORY_LINE]),
+        ),
+        # A change stream never ends by itself: the call checks its opening heartbeat.
+        "WatchMemories": st.builds(
+            lambda sc, whole, after: pb.WatchMemoriesRequest(
+                scope=pb.Scope(user_id=sc.user_id) if whole else sc,
+                whole_user=whole,
+                after_position=after,
+            ),
+            scopes,
+            st.booleans(),
+            st.sampled_from([0, 1, 10**12]),
         ),
         "Prefetch": st.builds(
             lambda sc, hint: pb.PrefetchRequest(
@@ -609,7 +723,13 @@ async def call_and_check(
     await fuzz.settle()
     before = await fingerprint(pool, fuzz)
     try:
-        if streaming:
+        if method == "WatchMemories":
+            # Endless by design: the first message (its opening heartbeat) or its refusal.
+            call = rpc(payload, metadata=metadata, timeout=CALL_TIMEOUT_S)
+            first = await call.read()
+            call.cancel()
+            assert first is not grpc.aio.EOF, "WatchMemories ended without a message"
+        elif streaming:
             async for _ in rpc(payload, metadata=metadata, timeout=CALL_TIMEOUT_S):
                 pass
         else:

@@ -8,9 +8,11 @@ retries only where they are safe, and ``ingest_nowait`` for turns that must not 
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Sequence
+from pathlib import Path
 from typing import TypeVar
 
 import grpc
@@ -186,6 +188,32 @@ class MemoryClient:
             request_id,
         )
 
+    async def get_memory(
+        self,
+        request: pb.GetMemoryRequest,
+        *,
+        preset: Preset | None = None,
+        timeout: float | None = None,
+        request_id: str | None = None,
+    ) -> pb.Memory:
+        return await self._call(
+            "GetMemory", self._stub.GetMemory, request, True, preset, timeout, request_id
+        )
+
+    async def update_memory(
+        self,
+        request: pb.UpdateMemoryRequest,
+        *,
+        preset: Preset | None = None,
+        timeout: float | None = None,
+        request_id: str | None = None,
+    ) -> pb.UpdateMemoryResponse:
+        """Retried like a read: the proto makes it safe (the same values apply once; a repeated
+        "ttl" only re-arms the expiry from now again)."""
+        return await self._call(
+            "UpdateMemory", self._stub.UpdateMemory, request, True, preset, timeout, request_id
+        )
+
     async def export_memories(
         self,
         request: pb.ExportMemoriesRequest,
@@ -233,6 +261,56 @@ class MemoryClient:
                 # the server releases its snapshot at once.
                 call.cancel()
 
+    async def watch_memories(
+        self,
+        request: pb.WatchMemoriesRequest,
+        *,
+        timeout: float | None = None,
+        request_id: str | None = None,
+        max_attempts: int = 10,
+    ) -> AsyncIterator[pb.MemoryChange]:
+        """The scope's changes as they commit (heartbeats included), until the caller stops
+        iterating or ``timeout`` (None: no end) runs out. The server opens with a heartbeat
+        carrying the start position. When the stream breaks with UNAVAILABLE or
+        RESOURCE_EXHAUSTED (a restart, a network cut, too many watchers) it reconnects with
+        backoff and resumes after the last position received, so no change is lost or
+        repeated; every other status raises ``MemsvcCallError`` (OUT_OF_RANGE: the position
+        is older than the retained changes; re-read with list_memories and watch from now),
+        and so does the last of ``max_attempts`` failed attempts in a row (the pauses grow to
+        the retry policy's max_backoff_ms: about 10 s of outage by default)."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        rid = request_id or new_request_id()
+        metadata = grpc.aio.Metadata((REQUEST_ID_HEADER, rid))
+        if self._api_key is not None:
+            metadata.add(API_KEY_HEADER, self._api_key)
+        resume = pb.WatchMemoriesRequest()
+        resume.CopyFrom(request)
+        # Failed attempts since the last message received.
+        failures = 0
+        while True:
+            left = None if deadline is None else deadline - loop.time()
+            call = self._stub.WatchMemories(resume, timeout=left, metadata=metadata)
+            try:
+                async for change in call:
+                    failures = 0
+                    resume.after_position = change.position
+                    yield change
+                return
+            except grpc.aio.AioRpcError as exc:
+                failures += 1
+                error = from_rpc_error(exc, rpc="WatchMemories", request_id=rid, attempts=failures)
+                if exc.code() not in self._retry.retryable or failures >= max_attempts:
+                    raise error from exc
+                delay_s = self._backoff_s(
+                    failures, exc, float("inf") if deadline is None else deadline - loop.time()
+                )
+                if delay_s is None:
+                    raise error from exc
+                await asyncio.sleep(delay_s)
+            finally:
+                call.cancel()
+
     # -- Ingest: retried, because the idempotency key makes a repeat harmless -----------------
 
     async def ingest(
@@ -273,6 +351,63 @@ class MemoryClient:
             "Remember", self._stub.Remember, request, False, preset, timeout, request_id
         )
 
+    async def remember_batch(
+        self,
+        request: pb.RememberBatchRequest,
+        *,
+        preset: Preset | None = None,
+        timeout: float | None = None,
+        request_id: str | None = None,
+    ) -> pb.RememberBatchResponse:
+        """Up to 100 Remembers in one call; never retried (a repeat reinforces). With
+        ``atomic`` all or nothing, else check ``results[i].ok`` per item."""
+        return await self._call(
+            "RememberBatch", self._stub.RememberBatch, request, False, preset, timeout, request_id
+        )
+
+    async def import_memories(
+        self,
+        scope: pb.Scope,
+        lines: ImportSource,
+        *,
+        keep_record_scopes: bool = False,
+        timeout: float = EXPORT_TIMEOUT_S,
+        request_id: str | None = None,
+    ) -> pb.ImportMemoriesResponse:
+        """Import the JSON lines ExportMemories wrote into ``scope.user_id``: ``lines`` is a
+        path of a JSON-lines file, or an iterable or async iterable of lines. Retried on
+        UNAVAILABLE within ``timeout``: an import is idempotent (a record already imported
+        is skipped), so a repeat never writes anything twice."""
+        buffered = await _read_lines(lines)
+
+        async def stream() -> AsyncIterator[pb.ImportMemoriesRequest]:
+            yield pb.ImportMemoriesRequest(scope=scope, keep_record_scopes=keep_record_scopes)
+            for line in buffered:
+                yield pb.ImportMemoriesRequest(json=line)
+
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        rid = request_id or new_request_id()
+        metadata = grpc.aio.Metadata((REQUEST_ID_HEADER, rid))
+        if self._api_key is not None:
+            metadata.add(API_KEY_HEADER, self._api_key)
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                reply: pb.ImportMemoriesResponse = await self._stub.ImportMemories(
+                    stream(), timeout=deadline - loop.time(), metadata=metadata
+                )
+                return reply
+            except grpc.aio.AioRpcError as exc:
+                error = from_rpc_error(exc, rpc="ImportMemories", request_id=rid, attempts=attempt)
+                if attempt >= self._retry.max_attempts or exc.code() not in self._retry.retryable:
+                    raise error from exc
+                delay_s = self._backoff_s(attempt, exc, deadline - loop.time())
+                if delay_s is None:
+                    raise error from exc
+                await asyncio.sleep(delay_s)
+
     async def correct(
         self,
         request: pb.CorrectRequest,
@@ -295,6 +430,95 @@ class MemoryClient:
     ) -> pb.ForgetResponse:
         return await self._call(
             "Forget", self._stub.Forget, request, False, preset, timeout, request_id
+        )
+
+    async def list_sessions(
+        self,
+        request: pb.ListSessionsRequest,
+        *,
+        preset: Preset | None = None,
+        timeout: float | None = None,
+        request_id: str | None = None,
+    ) -> pb.ListSessionsResponse:
+        return await self._call(
+            "ListSessions", self._stub.ListSessions, request, True, preset, timeout, request_id
+        )
+
+    async def list_episodes(
+        self,
+        request: pb.ListEpisodesRequest,
+        *,
+        preset: Preset | None = None,
+        timeout: float | None = None,
+        request_id: str | None = None,
+    ) -> pb.ListEpisodesResponse:
+        return await self._call(
+            "ListEpisodes", self._stub.ListEpisodes, request, True, preset, timeout, request_id
+        )
+
+    async def forget_session(
+        self,
+        request: pb.ForgetSessionRequest,
+        *,
+        preset: Preset | None = None,
+        timeout: float | None = None,
+        request_id: str | None = None,
+    ) -> pb.ForgetSessionResponse:
+        """Not retried: a repeat of a call that did delete answers NOT_FOUND."""
+        return await self._call(
+            "ForgetSession", self._stub.ForgetSession, request, False, preset, timeout, request_id
+        )
+
+    # -- core blocks --------------------------------------------------------------------------
+
+    async def get_core_blocks(
+        self,
+        request: pb.GetCoreBlocksRequest,
+        *,
+        preset: Preset | None = None,
+        timeout: float | None = None,
+        request_id: str | None = None,
+    ) -> pb.GetCoreBlocksResponse:
+        return await self._call(
+            "GetCoreBlocks", self._stub.GetCoreBlocks, request, True, preset, timeout, request_id
+        )
+
+    async def update_core_block(
+        self,
+        request: pb.UpdateCoreBlockRequest,
+        *,
+        preset: Preset | None = None,
+        timeout: float | None = None,
+        request_id: str | None = None,
+    ) -> pb.UpdateCoreBlockResponse:
+        """Not retried: a repeated APPEND would add its line twice (set expected_revision to
+        retry safely yourself)."""
+        return await self._call(
+            "UpdateCoreBlock",
+            self._stub.UpdateCoreBlock,
+            request,
+            False,
+            preset,
+            timeout,
+            request_id,
+        )
+
+    async def get_core_block_history(
+        self,
+        request: pb.GetCoreBlockHistoryRequest,
+        *,
+        preset: Preset | None = None,
+        timeout: float | None = None,
+        request_id: str | None = None,
+    ) -> pb.GetCoreBlockHistoryResponse:
+        return await self._call(
+            "GetCoreBlockHistory",
+            self._stub.GetCoreBlockHistory,
+            request,
+            True,
+            preset,
+            timeout,
+            request_id,
         )
 
     # -- the one call path --------------------------------------------------------------------
@@ -347,6 +571,20 @@ class MemoryClient:
             / 1000
         )
         return None if remaining_s - delay_s < MIN_ATTEMPT_S else delay_s
+
+
+# What import_memories reads: a JSON-lines file's path, or its lines.
+ImportSource = str | os.PathLike[str] | Iterable[str] | AsyncIterable[str]
+
+
+async def _read_lines(source: ImportSource) -> list[str]:
+    """The non-blank lines of an import source (a file is read off the event loop)."""
+    if isinstance(source, str | os.PathLike):
+        text = await asyncio.to_thread(Path(source).read_text, encoding="utf-8")
+        return [line for line in text.split("\n") if line.strip()]
+    if isinstance(source, AsyncIterable):
+        return [line.rstrip("\n") async for line in source if line.strip()]
+    return [line.rstrip("\n") for line in source if line.strip()]
 
 
 def with_key(request: pb.IngestRequest) -> pb.IngestRequest:

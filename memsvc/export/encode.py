@@ -96,6 +96,21 @@ def memory(row: Row) -> dict[str, Any]:
             "was_pinned": row["demoted_pinned"],
             "summarised_into": _opt_id(row["demoted_into"]),
         },
+        # When UpdateMemory last changed it in place, and each of those changes, oldest first.
+        "updated_at": row["updated_at"],
+        "edits": [_edit(e) for e in orjson.loads(row["edits"])],
+    }
+
+
+def _edit(edit: Mapping[str, Any]) -> dict[str, Any]:
+    """One in-place change of a memory version (UpdateMemory; GetMemoryHistory `edits`)."""
+    return {
+        "edit_id": edit["edit_id"],
+        "edited_at": datetime.fromisoformat(edit["edited_at"]),
+        "fields": list(edit["fields"]),
+        "before": dict(edit["before"]),
+        "after": dict(edit["after"]),
+        "reason": edit["reason"],
     }
 
 
@@ -152,7 +167,30 @@ def message(row: Row) -> dict[str, Any]:
     }
 
 
-ENCODERS = {"memory": memory, "episode": episode, "topic": topic, "message": message}
+def core_block(row: Row) -> dict[str, Any]:
+    """One revision of a core block ("persona" or "human"): the whole text after that write,
+    how and by whom it was written; replaced_at null for the current revision."""
+    return {
+        "type": "core_block",
+        "scope": _scope(row),
+        "block": row["block"],
+        "revision": row["revision"],
+        "text": row["text"],
+        "mode": row["mode"],
+        "author": row["author"],
+        "reason": row["reason"],
+        "recorded_at": row["recorded_at"],
+        "replaced_at": row["replaced_at"],
+    }
+
+
+ENCODERS = {
+    "memory": memory,
+    "episode": episode,
+    "topic": topic,
+    "message": message,
+    "core_block": core_block,
+}
 
 
 def summary(

@@ -106,6 +106,28 @@ EXPORT_BATCHES = Counter(
     "memsvc_export_batches_total", "Cursor batches ExportMemories read from PostgreSQL"
 )
 EXPORTS_IN_FLIGHT = Gauge("memsvc_exports_in_flight", "ExportMemories streams running now")
+# Change stream (issue 15).
+WATCH_STREAMS = Gauge("memsvc_watch_streams", "WatchMemories streams open now")
+WATCH_CHANGES = Counter(
+    "memsvc_watch_changes_total",
+    "MemoryChange messages sent by WatchMemories, by kind (heartbeat included)",
+    ["kind"],
+)
+WATCH_LISTENER_RECONNECTS = Counter(
+    "memsvc_watch_listener_reconnects_total",
+    "Times the change stream's LISTEN connection was (re)opened after a failure",
+)
+# Batch and import (issue 15).
+REMEMBER_BATCH_ITEMS = Counter(
+    "memsvc_remember_batch_items_total",
+    "RememberBatch items, by outcome (stored, reinforced, failed)",
+    ["outcome"],
+)
+IMPORT_RECORDS = Counter(
+    "memsvc_import_records_total",
+    "Records read by ImportMemories, by type and outcome (imported, skipped)",
+    ["type", "outcome"],
+)
 
 # PII screening on the write paths (path: remember, correct, extraction; action: store,
 # redact, reject); labels are closed sets, never the text.

@@ -85,7 +85,12 @@ class MemsvcServer:
                 recall=runtime.recall,
                 prefetch=runtime.prefetch,
                 export=runtime.export,
+                batch=runtime.batch,
+                importer=runtime.importer,
+                sessions=runtime.sessions,
                 on_read=(lambda s: worker.kick(s.tenant_id, s.user_id)) if worker else None,
+                core_blocks=runtime.core_blocks,
+                changes=runtime.changes,
             )
             server = grpc.aio.server(
                 interceptors=[ObservingInterceptor(max_request_bytes=settings.max_request_bytes)],

@@ -17,6 +17,7 @@ from memsvc.config import ConfigError, Settings
 from memsvc.embedding import Embedder
 from memsvc.embedding.factory import build_embedder
 from memsvc.embedding.measured import MeasuredEmbedder
+from memsvc.export.importer import ImportConfig, ImportService
 from memsvc.export.service import ExportConfig, ExportService
 from memsvc.extraction.base import Extractor
 from memsvc.extraction.factory import build_extractor
@@ -30,8 +31,12 @@ from memsvc.ingest.pipeline import ExtractionPipeline, PipelineSettings
 from memsvc.ingest.reconcile import mark_stale, reconcile_once
 from memsvc.ingest.service import IngestService
 from memsvc.ingest.worker import OutboxWorker, WorkerSettings
+from memsvc.memories.batch import BatchService
 from memsvc.memories.compaction import CoreCompactor, CoreLimits, CoreSummarizer
+from memsvc.memories.core_blocks import CoreBlockService
 from memsvc.memories.service import MemoryService
+from memsvc.memories.sessions import SessionService
+from memsvc.memories.watch import ChangeStream, WatchConfig
 from memsvc.prefetch.service import PrefetchConfig, PrefetchService
 from memsvc.retrieval.embed_cache import EmbeddingLRU, QueryEmbedder
 from memsvc.retrieval.recall import RecallConfig, RecallService
@@ -112,10 +117,15 @@ class Runtime:
     policies: TenantPolicies
     guard: PiiGuard
     memories: MemoryService
+    sessions: SessionService
+    core_blocks: CoreBlockService
     ingest: IngestService
     recall: RecallService
     prefetch: PrefetchService
     export: ExportService
+    changes: ChangeStream
+    batch: BatchService
+    importer: ImportService
     pipeline: ExtractionPipeline
     pipeline_embedder: Embedder
     trust_policy: trust.TrustPolicy
@@ -217,8 +227,47 @@ class Runtime:
             ),
             references=self.references,
         )
+        self.core_blocks = CoreBlockService(
+            self.pool,
+            self.invalidator,
+            self._compactor(
+                settings, write_embedder, embed_timeout_s=settings.embed_timeout_ms / 1000
+            ),
+            acquire_timeout_s=acquire_timeout_s,
+            guard=self.guard,
+            trust_policy=self.trust_policy,
+        )
+        self.sessions = SessionService(
+            self.pool, self.invalidator, acquire_timeout_s=acquire_timeout_s
+        )
         self.ingest = IngestService(
-            self.pool, acquire_timeout_s=acquire_timeout_s, policies=self.policies
+            self.pool, acquire_timeout_s=acquire_timeout_s, policies=self.policies, guard=self.guard
+        )
+        # Batch and import (issue 15): the write paths of many records at once.
+        self.batch = BatchService(
+            self.pool,
+            write_embedder,
+            self.invalidator,
+            acquire_timeout_s=acquire_timeout_s,
+            # Up to 100 texts in one embedder call: a batch's bound (the call's deadline caps it).
+            embed_timeout_s=settings.worker_embed_timeout_s,
+            guard=self.guard,
+            trust_policy=self.trust_policy,
+            compactor=self._compactor(
+                settings, write_embedder, embed_timeout_s=settings.embed_timeout_ms / 1000
+            ),
+        )
+        self.importer = ImportService(
+            self.pool,
+            MeasuredEmbedder(self.embedder, "import"),
+            self.invalidator,
+            self.guard,
+            ImportConfig(
+                acquire_timeout_s=acquire_timeout_s,
+                # Batches of many texts: the background bound, not one query's.
+                embed_timeout_s=settings.worker_embed_timeout_s,
+                embed_batch=settings.import_embed_batch,
+            ),
         )
         self.export = ExportService(
             self.pool,
@@ -229,6 +278,22 @@ class Runtime:
                 fetch_timeout_s=settings.pg_command_timeout_ms / 1000,
             ),
         )
+        # The change stream (WatchMemories); its LISTEN connection opens with the first
+        # stream and closes before the pool.
+        assert settings.pg_dsn is not None
+        self.changes = ChangeStream(
+            self.pool,
+            settings.pg_dsn,
+            WatchConfig(
+                max_streams=settings.watch_max_streams,
+                max_streams_per_tenant=settings.watch_max_streams_per_tenant,
+                poll_s=settings.watch_poll_s,
+                heartbeat_s=settings.watch_heartbeat_s,
+                acquire_timeout_s=acquire_timeout_s,
+                statement_timeout_s=settings.pg_command_timeout_ms / 1000,
+            ),
+        )
+        self._stack.push_async_callback(self.changes.stop)
 
     async def _build_background(self, settings: Settings) -> None:
         """The extraction pipeline, and (with workers) the outbox worker and expiry loop."""
@@ -273,6 +338,7 @@ class Runtime:
                 interval_s=settings.expiry_interval_s,
                 batch=settings.expiry_batch,
                 acquire_timeout_s=settings.worker_acquire_timeout_ms / 1000,
+                changes_retention_s=settings.changes_retention_s,
             ),
         )
         if self._with_worker:
@@ -302,8 +368,8 @@ class Runtime:
         extractor = self.extractor
         return CoreCompactor(
             CoreLimits(
-                human_chars=settings.core_human_max_chars,
-                persona_chars=settings.core_persona_max_chars,
+                human_chars=settings.human_block_max_chars,
+                persona_chars=settings.persona_block_max_chars,
                 core_role=settings.roles[0],
             ),
             self.trust_policy,

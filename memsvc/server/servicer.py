@@ -20,9 +20,14 @@ from memsvc.errors import (
     Unavailable,
     Unimplemented,
 )
+from memsvc.export.importer import ImportService
 from memsvc.export.service import ExportService
 from memsvc.ingest.service import IngestService
+from memsvc.memories.batch import BatchService
+from memsvc.memories.core_blocks import CoreBlockService
 from memsvc.memories.service import MemoryService
+from memsvc.memories.sessions import SessionService
+from memsvc.memories.watch import ChangeStream
 from memsvc.observability import call_context
 from memsvc.prefetch.model import PrefetchQuery
 from memsvc.prefetch.service import PrefetchService
@@ -30,11 +35,20 @@ from memsvc.retrieval.query import RecallQuery
 from memsvc.retrieval.recall import RecallService
 from memsvc.server import (
     convert,
+    convert_batch,
+    convert_core_blocks,
     convert_read,
+    convert_sessions,
+    convert_watch,
     status,
     validate,
+    validate_batch,
+    validate_core_blocks,
     validate_export,
     validate_read,
+    validate_sessions,
+    validate_update,
+    validate_watch,
 )
 from memsvc.server.admission import InFlightLimit, TenantLimits
 from memsvc.server.auth import Authenticator, Metadata
@@ -100,7 +114,17 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         prefetch: PrefetchService | None = None,
         export: ExportService | None = None,
         on_read: Callable[[Scope], object] | None = None,
+        batch: BatchService | None = None,
+        importer: ImportService | None = None,
+        sessions: SessionService | None = None,
+        core_blocks: CoreBlockService | None = None,
+        changes: ChangeStream | None = None,
     ) -> None:
+        self._changes = changes
+        self._sessions = sessions
+        self._core_blocks = core_blocks
+        self._batch = batch
+        self._importer = importer
         self._settings = settings
         self._auth = auth
         self._memories = memories
@@ -248,8 +272,11 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
                 request.scope, tenant, self._settings, present=request.HasField("scope")
             )
             memory_id = validate.memory_id(request.memory_id)
-            versions = await self._memories.history(scope, memory_id, budget)
-            return pb.GetMemoryHistoryResponse(versions=[wire.memory(r) for r in versions])
+            history = await self._memories.history(scope, memory_id, budget)
+            return pb.GetMemoryHistoryResponse(
+                versions=[wire.memory(r) for r in history.versions],
+                edits=[wire.memory_edit(e) for e in history.edits],
+            )
 
         return await self._run(
             context, "GetMemoryHistory", handle, default_deadline_ms=self._write_deadline()
@@ -391,6 +418,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
                 duplicate=receipt.duplicate,
                 accepted=receipt.accepted,
                 dropped=receipt.dropped,
+                redacted=receipt.redacted,
             )
 
         return await self._run(
@@ -419,72 +447,233 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     async def GetCoreBlocks(
         self, request: pb.GetCoreBlocksRequest, context: Context
     ) -> pb.GetCoreBlocksResponse:
-        await self._unimplemented(context, "GetCoreBlocks", "issue 15")
-        raise AssertionError("unreachable")
+        service = self._core_blocks
+        if service is None:
+            await self._unimplemented(context, "GetCoreBlocks", "core blocks")
+            raise AssertionError("unreachable")
+
+        async def handle(tenant: str, budget: Budget) -> pb.GetCoreBlocksResponse:
+            scope = validate.scope(
+                request.scope, tenant, self._settings, present=request.HasField("scope")
+            )
+            persona, human = await service.get(scope, budget)
+            return pb.GetCoreBlocksResponse(
+                persona=convert_core_blocks.block(persona),
+                human=convert_core_blocks.block(human),
+            )
+
+        return await self._run(
+            context, "GetCoreBlocks", handle, default_deadline_ms=self._write_deadline()
+        )
 
     async def UpdateCoreBlock(
         self, request: pb.UpdateCoreBlockRequest, context: Context
     ) -> pb.UpdateCoreBlockResponse:
-        await self._unimplemented(context, "UpdateCoreBlock", "issue 15")
-        raise AssertionError("unreachable")
+        service = self._core_blocks
+        if service is None:
+            await self._unimplemented(context, "UpdateCoreBlock", "core blocks")
+            raise AssertionError("unreachable")
+
+        async def handle(tenant: str, budget: Budget) -> pb.UpdateCoreBlockResponse:
+            command = validate_core_blocks.update(request, tenant, self._settings)
+            done = await service.update(command, budget)
+            return pb.UpdateCoreBlockResponse(
+                block=convert_core_blocks.block(done.block),
+                displaced=[wire.memory(r) for r in done.displaced],
+            )
+
+        return await self._run(
+            context, "UpdateCoreBlock", handle, default_deadline_ms=self._write_deadline()
+        )
 
     async def GetCoreBlockHistory(
         self, request: pb.GetCoreBlockHistoryRequest, context: Context
     ) -> pb.GetCoreBlockHistoryResponse:
-        await self._unimplemented(context, "GetCoreBlockHistory", "issue 15")
-        raise AssertionError("unreachable")
+        service = self._core_blocks
+        if service is None:
+            await self._unimplemented(context, "GetCoreBlockHistory", "core blocks")
+            raise AssertionError("unreachable")
+
+        async def handle(tenant: str, budget: Budget) -> pb.GetCoreBlockHistoryResponse:
+            scope, block, limit = validate_core_blocks.history(request, tenant, self._settings)
+            found = await service.history(scope, block, limit, budget)
+            return pb.GetCoreBlockHistoryResponse(
+                revisions=[convert_core_blocks.revision(r) for r in found]
+            )
+
+        return await self._run(
+            context, "GetCoreBlockHistory", handle, default_deadline_ms=self._write_deadline()
+        )
 
     # -- memory management (issue 15) ---------------------------------------------------------
 
     async def UpdateMemory(
         self, request: pb.UpdateMemoryRequest, context: Context
     ) -> pb.UpdateMemoryResponse:
-        await self._unimplemented(context, "UpdateMemory", "issue 15")
-        raise AssertionError("unreachable")
+        async def handle(tenant: str, budget: Budget) -> pb.UpdateMemoryResponse:
+            scope, memory_id = validate_update.memory_ref(
+                request.scope, request.HasField("scope"), request.memory_id, tenant, self._settings
+            )
+            update = validate_update.update_memory(request, self._settings)
+            done = await self._memories.update(scope, memory_id, update, budget)
+            return pb.UpdateMemoryResponse(
+                memory=wire.memory(done.record),
+                displaced=[wire.memory(r) for r in done.displaced],
+                changed=done.changed,
+            )
+
+        return await self._run(
+            context, "UpdateMemory", handle, default_deadline_ms=self._write_deadline()
+        )
 
     async def GetMemory(self, request: pb.GetMemoryRequest, context: Context) -> pb.Memory:
-        await self._unimplemented(context, "GetMemory", "issue 15")
-        raise AssertionError("unreachable")
+        async def handle(tenant: str, budget: Budget) -> pb.Memory:
+            scope, memory_id = validate_update.memory_ref(
+                request.scope, request.HasField("scope"), request.memory_id, tenant, self._settings
+            )
+            return wire.memory(await self._memories.get(scope, memory_id, budget))
+
+        return await self._run(
+            context, "GetMemory", handle, default_deadline_ms=self._write_deadline()
+        )
 
     # -- sessions and episodes (issue 15) -----------------------------------------------------
+
+    def _session_service(self) -> SessionService:
+        if self._sessions is None:
+            raise Unimplemented("sessions are not served by this server")
+        return self._sessions
 
     async def ListSessions(
         self, request: pb.ListSessionsRequest, context: Context
     ) -> pb.ListSessionsResponse:
-        await self._unimplemented(context, "ListSessions", "issue 15")
-        raise AssertionError("unreachable")
+        async def handle(tenant: str, budget: Budget) -> pb.ListSessionsResponse:
+            query = validate_sessions.list_sessions(request, tenant, self._settings)
+            page = await self._session_service().list_sessions(
+                query.scope, query.page_size, query.after, budget
+            )
+            return pb.ListSessionsResponse(
+                sessions=[convert_sessions.session(s) for s in page.sessions],
+                next_page_token=(
+                    validate_sessions.encode_sessions_token(page.next_after)
+                    if page.next_after
+                    else ""
+                ),
+            )
+
+        return await self._run(
+            context, "ListSessions", handle, default_deadline_ms=self._write_deadline()
+        )
 
     async def ListEpisodes(
         self, request: pb.ListEpisodesRequest, context: Context
     ) -> pb.ListEpisodesResponse:
-        await self._unimplemented(context, "ListEpisodes", "issue 15")
-        raise AssertionError("unreachable")
+        async def handle(tenant: str, budget: Budget) -> pb.ListEpisodesResponse:
+            query = validate_sessions.list_episodes(request, tenant, self._settings)
+            page = await self._session_service().list_episodes(
+                query.scope, query.page_size, query.after, query.session_id, budget
+            )
+            return pb.ListEpisodesResponse(
+                episodes=[convert_sessions.episode(e) for e in page.episodes],
+                next_page_token=(
+                    validate_sessions.encode_episodes_token(page.next_after)
+                    if page.next_after
+                    else ""
+                ),
+            )
+
+        return await self._run(
+            context, "ListEpisodes", handle, default_deadline_ms=self._write_deadline()
+        )
 
     async def ForgetSession(
         self, request: pb.ForgetSessionRequest, context: Context
     ) -> pb.ForgetSessionResponse:
-        await self._unimplemented(context, "ForgetSession", "issue 15")
-        raise AssertionError("unreachable")
+        async def handle(tenant: str, budget: Budget) -> pb.ForgetSessionResponse:
+            scope, session_id = validate_sessions.forget_session(request, tenant, self._settings)
+            done = await self._session_service().forget_session(scope, session_id, budget)
+            return pb.ForgetSessionResponse(
+                messages_deleted=done.messages_deleted,
+                episodes_deleted=done.episodes_deleted,
+                memories_deleted=done.memories_deleted,
+                memories_kept=done.memories_kept,
+            )
+
+        return await self._run(
+            context, "ForgetSession", handle, default_deadline_ms=self._write_deadline()
+        )
 
     # -- batch and import (issue 15) ----------------------------------------------------------
 
     async def RememberBatch(
         self, request: pb.RememberBatchRequest, context: Context
     ) -> pb.RememberBatchResponse:
-        await self._unimplemented(context, "RememberBatch", "issue 15")
-        raise AssertionError("unreachable")
+        service = self._batch
+        if service is None:
+            await self._unimplemented(context, "RememberBatch", "batch")
+            raise AssertionError("unreachable")
+
+        async def handle(tenant: str, budget: Budget) -> pb.RememberBatchResponse:
+            items = validate_batch.remember_batch(request, tenant, self._settings)
+            results = await service.remember_batch(items, atomic=request.atomic, budget=budget)
+            return convert_batch.remember_batch_response(results)
+
+        return await self._run(
+            context, "RememberBatch", handle, default_deadline_ms=self._write_deadline()
+        )
 
     async def ImportMemories(
         self, request_iterator: AsyncIterator[pb.ImportMemoriesRequest], context: Context
     ) -> pb.ImportMemoriesResponse:
-        await self._unimplemented(context, "ImportMemories", "issue 15")
-        raise AssertionError("unreachable")
+        service = self._importer
+        if service is None:
+            await self._unimplemented(context, "ImportMemories", "import")
+            raise AssertionError("unreachable")
+
+        async def handle(tenant: str, budget: Budget) -> pb.ImportMemoriesResponse:
+            stream = await validate_batch.import_stream(request_iterator, tenant, self._settings)
+            result = await service.import_lines(
+                stream.scope, stream.lines, budget, keep_record_scopes=stream.keep_record_scopes
+            )
+            return convert_batch.import_response(result)
+
+        return await self._run(
+            context,
+            "ImportMemories",
+            handle,
+            default_deadline_ms=self._settings.import_default_deadline_s * 1000,
+        )
 
     # -- change stream (issue 15) -------------------------------------------------------------
 
     async def WatchMemories(
         self, request: pb.WatchMemoriesRequest, context: Context
     ) -> AsyncIterator[pb.MemoryChange]:
-        await self._unimplemented(context, "WatchMemories", "issue 15")
-        return
-        yield  # an async generator: a server stream
+        """A server stream that lasts until the caller cancels it or its own deadline ends
+        (no server default cuts it short). Validation, the start position and the stream
+        slot are settled before the first change; an error later still ends the call with
+        its status (the caller resumes from the last position it handled)."""
+        stream = self._changes
+        if stream is None:
+            await self._unimplemented(context, "WatchMemories", "change stream")
+            return
+        try:
+            tenant = await self._auth.tenant(_metadata(context))
+            call_context.tenant.set(tenant)
+            # The tenant's rate and in-flight slot cover opening only: a stream then holds
+            # its own slot (MEMSVC_WATCH_MAX_STREAMS[_PER_TENANT]), not a call's.
+            with self._tenants.admit(tenant):
+                subject, after = validate_watch.watch(request, tenant, self._settings)
+                budget = Budget.from_remaining(
+                    context.time_remaining(),
+                    default_ms=self._write_deadline(),
+                    margin_ms=self._settings.deadline_margin_ms,
+                )
+                subscription = await stream.open(subject, after, budget)
+            async with subscription:
+                async for change in subscription:
+                    yield convert_watch.change(change)
+            return
+        except Exception as exc:  # as in _run: every failure is answered with a status
+            error = answer_for("WatchMemories", exc)
+        await status.abort(context, error)

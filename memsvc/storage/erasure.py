@@ -12,7 +12,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping, Sequence
 
-from memsvc.storage import messages
+from memsvc.storage import changes, messages
 from memsvc.storage.conditions import EXACT_SCOPE
 from memsvc.storage.connection import Connection
 from memsvc.storage.extraction import lock_user
@@ -23,6 +23,8 @@ from memsvc.storage.model import Scope
 USER_TABLES = (
     "episode_memories",
     "topic_episodes",
+    # Edits go with their memory (ON DELETE CASCADE); listed so erasure is checked for them.
+    "memory_edits",
     "memories",
     "episodes",
     "topics",
@@ -30,10 +32,19 @@ USER_TABLES = (
     "ingest_outbox",
     "extraction_runs",
     "quota_counters",
+    "core_block_revisions",
     "scope_versions",
 )
 # Tables whose rows belong to one exact scope (tenant, user, persona, agent).
-SCOPED_TABLES = ("memories", "episodes", "topics", "messages", "ingest_outbox", "extraction_runs")
+SCOPED_TABLES = (
+    "memories",
+    "episodes",
+    "topics",
+    "messages",
+    "ingest_outbox",
+    "extraction_runs",
+    "core_block_revisions",
+)
 
 _EXACT = EXACT_SCOPE
 
@@ -47,12 +58,15 @@ async def erase_user(conn: Connection, tenant_id: str, user_id: str) -> int:
     they said in other people's sessions. Returns how many memory rows went."""
     await lock_user(conn, tenant_id, user_id)
     deleted_memories = 0
-    for table in USER_TABLES:
-        status: str = await conn.execute(
-            f"DELETE FROM {table} WHERE tenant_id = $1 AND user_id = $2", tenant_id, user_id
-        )
-        if table == "memories":
-            deleted_memories = _count(status)
+    # The change stream: no entry per memory; the user's log is replaced by one 'erased'.
+    async with changes.deletes_recorded_as(conn, "none"):
+        for table in USER_TABLES:
+            status: str = await conn.execute(
+                f"DELETE FROM {table} WHERE tenant_id = $1 AND user_id = $2", tenant_id, user_id
+            )
+            if table == "memories":
+                deleted_memories = _count(status)
+    await changes.record_erasure(conn, tenant_id, user_id)
     # Their turns in sessions owned by others (meetings): data about them too, and the
     # context index of the turns around them.
     touched = await messages.delete_returning_sessions(

@@ -18,6 +18,7 @@ import asyncpg
 
 from memsvc.storage.conditions import not_expired, visible
 from memsvc.storage.connection import Connection
+from memsvc.storage.edits import EDITS_JSON_SQL
 from memsvc.storage.model import Scope
 from memsvc.storage.references import last_referenced_sql
 
@@ -67,7 +68,7 @@ def memories(subject: Subject, at: datetime) -> Statement:
                m.superseded_by_id, m.source_message_ids, m.session_id, m.origin,
                m.correction_reason, m.retention_policy, m.expires_at, m.shared_all_agents,
                m.shared_all_personas, m.ingest_id, m.demoted_at, m.demoted_role,
-               m.demoted_pinned, m.demoted_into,
+               m.demoted_pinned, m.demoted_into, m.updated_at, {EDITS_JSON_SQL} AS edits,
                min(m.recorded_at) OVER (PARTITION BY m.lineage_id) AS lineage_started_at
         FROM memories m
         WHERE {where} AND {not_expired("m", at=f"${len(args)}")}
@@ -140,12 +141,28 @@ def messages(subject: Subject, at: datetime) -> Statement:
     )
 
 
+def core_blocks(subject: Subject, at: datetime) -> Statement:
+    """Every revision of the core blocks (persona, human), oldest first per block; the current
+    one has no replaced_at. Only the subject's own blocks (never shared)."""
+    where, args = _owner(subject, "b")
+    return (
+        f"""{MARKER}
+        SELECT b.user_id, b.persona_id, b.agent_id, b.block, b.revision, b.text, b.mode,
+               b.author, b.reason, b.recorded_at, b.replaced_at
+        FROM core_block_revisions b
+        WHERE {where}
+        ORDER BY b.user_id, b.persona_id, b.agent_id, b.block, b.revision""",
+        args,
+    )
+
+
 # Export order of the kinds, and each kind's statement.
 KINDS: tuple[tuple[str, Callable[[Subject, datetime], Statement]], ...] = (
     ("memory", memories),
     ("episode", episodes),
     ("topic", topics),
     ("message", messages),
+    ("core_block", core_blocks),
 )
 
 
