@@ -291,6 +291,14 @@ async def test_a_bad_line_is_invalid_argument_naming_it_and_nothing_is_written(
             orjson.dumps({**memory, "valid_from": "2026-11-01T09:00:00"}).decode(),
             *good[1:],
         ],
+        "line 1: memory.category: 'gossip' is not one of this server's category values": [
+            orjson.dumps({**memory, "category": "gossip"}).decode(),
+            *good[1:],
+        ],
+        "line 1: memory.role: 'hero' is not one of this server's role values": [
+            orjson.dumps({**memory, "role": "hero"}).decode(),
+            *good[1:],
+        ],
         "line 1: a text holds a NUL": [
             orjson.dumps({**memory, "content": "a\u0000b"}).decode(),
             *good[1:],

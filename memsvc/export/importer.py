@@ -34,6 +34,7 @@ import orjson
 from memsvc.cache.invalidation import PacketInvalidator
 from memsvc.concurrency.deadline import Budget
 from memsvc.embedding import Embedder, EmbeddingError
+from memsvc.errors import InvalidArgument
 from memsvc.export import parse
 from memsvc.export.parse import (
     CoreBlockLine,
@@ -68,6 +69,9 @@ class ImportConfig:
     acquire_timeout_s: float
     embed_timeout_s: float
     embed_batch: int
+    # This server's closed vocabularies: a record outside them is refused, as Remember would.
+    categories: tuple[str, ...] = ()
+    roles: tuple[str, ...] = ()
 
 
 @dataclass
@@ -132,6 +136,7 @@ class ImportService:
         """Check every line, then write them all in one transaction (see the module
         docstring). InvalidArgument names the first bad line; nothing is written then."""
         parsed = await asyncio.to_thread(parse.parse, lines)
+        self._check_vocabulary(parsed)
         policy = await self._guard.policy(target.tenant_id)
         texts = await asyncio.to_thread(self._screen, parsed, policy)
         ids = _Ids(target.tenant_id, target.user_id)
@@ -170,6 +175,20 @@ class ImportService:
             metrics.IMPORT_RECORDS.labels(kind, "imported").inc(result.imported[kind])
             metrics.IMPORT_RECORDS.labels(kind, "skipped").inc(result.skipped[kind])
         return result
+
+    def _check_vocabulary(self, parsed: Parsed) -> None:
+        """A memory whose category or role this server does not have is refused (exported
+        from a server configured otherwise): it could never be listed by that value here."""
+        for number, m in parsed.memories:
+            for name, value, allowed in (
+                ("category", m.category, self._config.categories),
+                ("role", m.role, self._config.roles),
+            ):
+                if allowed and value not in allowed:
+                    raise InvalidArgument(
+                        f"line {number}: memory.{name}: {value!r} is not one of this "
+                        f"server's {name} values ({', '.join(allowed)})"
+                    )
 
     def _screen(self, parsed: Parsed, policy: Mapping[str, str]) -> _Screened:
         """Facts as Remember screens them (a rejected kind refuses the import); episodes,

@@ -267,6 +267,8 @@ class Runtime:
                 # Batches of many texts: the background bound, not one query's.
                 embed_timeout_s=settings.worker_embed_timeout_s,
                 embed_batch=settings.import_embed_batch,
+                categories=settings.categories,
+                roles=settings.roles,
             ),
         )
         self.export = ExportService(
