@@ -313,6 +313,21 @@ class Settings:
         "`RESOURCE_EXHAUSTED` at once (`0`: off)",
     )
     packet_ttl_s: int = setting(600, "lifetime of a cached Prefetch packet")
+    # Packet warming (prefetch/warmer.py): after a change, rebuild the hint-less packets the
+    # user asked for lately, so the next call setup is a cache hit.
+    prefetch_warm: bool = setting(
+        True,
+        "after a write changes a user's memories, rebuild their recently requested hint-less "
+        "Prefetch packets in the background (off: the next Prefetch builds it)",
+    )
+    prefetch_warm_delay_ms: int = setting(
+        100, "warming waits this long after a user's last change (a burst rebuilds once)"
+    )
+    prefetch_warm_ttl_s: int = setting(
+        86_400, "a hint-less packet shape requested within this long is kept warm"
+    )
+    prefetch_warm_budget_ms: int = setting(2_000, "time budget of one background rebuild")
+    prefetch_warm_concurrency: int = setting(2, "background rebuilds at once per process")
     packet_default_chars: int = setting(
         4_000, "packet budget when the request sets none (within the min..max below)"
     )

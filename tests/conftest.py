@@ -54,6 +54,9 @@ def settings(backing_urls: tuple[str, str]) -> Settings:
         shutdown_grace_s=2.0,
         # Any free port (server.metrics_port): never the standard 9464 another run may hold.
         metrics_port=0,
+        # Packet warming off in the shared server: tests that count cache misses and builds
+        # must not race a background rebuild. tests/test_prefetch_warm.py turns it on.
+        prefetch_warm=False,
     )
 
 

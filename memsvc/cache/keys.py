@@ -30,3 +30,15 @@ def packet_key(tenant_id: str, user_id: str, shape: str) -> str:
     """
     shape_digest = hashlib.blake2b(shape.encode(), digest_size=12).hexdigest()
     return f"{PREFIX}:{user_tag(tenant_id, user_id)}:pkt:{shape_digest}"
+
+
+def warm_shapes_key(tenant_id: str, user_id: str) -> str:
+    """A sorted set of the hint-less Prefetch shapes the user asked for lately (score: when),
+    which the packet warmer rebuilds after a change. Not in the user's index: dropping the
+    user's packets must not forget which ones to rebuild."""
+    return f"{PREFIX}:{user_tag(tenant_id, user_id)}:warm"
+
+
+def warm_lock_key(tenant_id: str, user_id: str, version: int) -> str:
+    """Taken (SET NX PX) by the one process that rebuilds the user's packets at ``version``."""
+    return f"{PREFIX}:{user_tag(tenant_id, user_id)}:warm:{version}"

@@ -3,8 +3,8 @@
 The changes themselves are rows of memory_changes, written by triggers in the writing
 transaction and numbered at commit in commit order per user (migration 0011). A subscriber
 only ever reads ``position > last ORDER BY position``: a notification (channel
-``memsvc_changes``, payload tenant + "\\x1f" + user) just says when to read. One dedicated
-connection LISTENs for the whole process and wakes the subscribers of the user named; it
+``memsvc_changes``, payload tenant + "\\x1f" + user) just says when to read. The process's
+one LISTEN connection (storage/notifications.py) wakes the subscribers of the user named; it
 reconnects with backoff when it drops, waking every subscriber once it is back (changes may
 have committed meanwhile), and each subscriber also reads every ``poll_s`` whatever happens,
 so a lost notification only delays a change, never loses it. A stream opens with a
@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 from collections import defaultdict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -28,27 +27,17 @@ from datetime import UTC, datetime
 
 import asyncpg
 
-from memsvc.concurrency.backoff import backoff_delay
 from memsvc.concurrency.deadline import Budget
 from memsvc.errors import OutOfRange, ResourceExhausted
 from memsvc.observability import metrics
 from memsvc.storage import changes
 from memsvc.storage.changes import Change
 from memsvc.storage.model import Scope
+from memsvc.storage.notifications import ChangeListener
 from memsvc.storage.pool import acquire
 
 log = logging.getLogger(__name__)
 
-# What a dropped LISTEN connection raises; the listener outlives all of these.
-_DATABASE_DOWN = (
-    asyncpg.PostgresError,
-    asyncpg.InterfaceError,
-    asyncpg.InternalClientError,
-    OSError,
-    TimeoutError,
-)
-_LISTEN_BACKOFF_BASE_S = 0.5
-_LISTEN_BACKOFF_MAX_S = 30.0
 # A stream full of refusals frees up as soon as one closes.
 BUSY_RETRY_AFTER_S = 5.0
 HEARTBEAT = "heartbeat"
@@ -83,43 +72,40 @@ class WatchSubject:
 class ChangeStream:
     """``start``/``stop`` the listener; ``watch`` one subject from a position."""
 
-    def __init__(self, pool: asyncpg.Pool, dsn: str, config: WatchConfig) -> None:
+    def __init__(self, pool: asyncpg.Pool, listener: ChangeListener, config: WatchConfig) -> None:
         self._pool = pool
-        self._dsn = dsn
+        self._listener = listener
         self._config = config
         self._subscribers: dict[UserKey, set[asyncio.Event]] = defaultdict(set)
         self._per_tenant: dict[str, int] = {}
         self._open = 0
-        self._rng = random.Random()
-        self._listener: asyncio.Task[None] | None = None
-        self._stopping = asyncio.Event()
-        # Set while the LISTEN connection is up; `dropped` from its loss to the reconnect.
-        self.listening = asyncio.Event()
-        self.dropped = asyncio.Event()
+        listener.subscribe(self._wake, self._wake_all)
 
     @property
     def open_streams(self) -> int:
         return self._open
 
+    @property
+    def listening(self) -> asyncio.Event:
+        """Set while the LISTEN connection is up."""
+        return self._listener.listening
+
+    @property
+    def dropped(self) -> asyncio.Event:
+        """Set from the LISTEN connection's loss to its reconnect."""
+        return self._listener.dropped
+
     # -- the listener --------------------------------------------------------------------------
 
     def start(self) -> None:
         """Start listening (``open`` does so on first use: a process that never serves a
-        stream never holds the connection)."""
-        if self._listener is None:
-            self._stopping.clear()
-            self._listener = asyncio.ensure_future(self._listen())
+        stream never holds the connection, unless another subscriber started it)."""
+        self._listener.start()
 
     async def stop(self) -> None:
-        self._stopping.set()
-        task, self._listener = self._listener, None
-        if task is None:
-            return
-        task.cancel()
-        await asyncio.wait([task])
+        await self._listener.stop()
 
-    def _wake(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
-        tenant, _, user = str(payload).partition(changes.SEPARATOR)
+    def _wake(self, tenant: str, user: str) -> None:
         for event in self._subscribers.get((tenant, user), ()):
             event.set()
 
@@ -127,45 +113,6 @@ class ChangeStream:
         for events in self._subscribers.values():
             for event in events:
                 event.set()
-
-    async def _listen(self) -> None:
-        """LISTEN on a dedicated connection; reconnect with backoff when it drops."""
-        failures = 0
-        while not self._stopping.is_set():
-            conn: asyncpg.Connection[asyncpg.Record] | None = None
-            try:
-                conn = await asyncpg.connect(
-                    self._dsn,
-                    timeout=self._config.acquire_timeout_s,
-                    command_timeout=self._config.statement_timeout_s,
-                )
-                lost = asyncio.Event()
-                conn.add_termination_listener(lambda _c, lost=lost: lost.set())
-                await conn.add_listener(changes.CHANNEL, self._wake)
-                if failures:
-                    metrics.WATCH_LISTENER_RECONNECTS.inc()
-                failures = 0
-                self.dropped.clear()
-                self.listening.set()
-                # Changes may have committed while nobody listened.
-                self._wake_all()
-                await lost.wait()
-            except _DATABASE_DOWN as exc:
-                log.info("change listener unavailable (%s); retrying", type(exc).__name__)
-            finally:
-                self.listening.clear()
-                self.dropped.set()
-                if conn is not None and not conn.is_closed():
-                    await conn.close(timeout=2)
-            failures += 1
-            await asyncio.sleep(
-                backoff_delay(
-                    failures,
-                    base=_LISTEN_BACKOFF_BASE_S,
-                    cap=_LISTEN_BACKOFF_MAX_S,
-                    random_unit=self._rng.random(),
-                )
-            )
 
     # -- one subscriber ------------------------------------------------------------------------
 

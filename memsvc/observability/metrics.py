@@ -94,6 +94,12 @@ PREFETCH_CACHE = Counter(
     "memsvc_prefetch_cache_total", "Prefetch answers by cache status", ["status"]
 )
 PREFETCH_DEGRADED = Counter("memsvc_prefetch_degraded_total", "Prefetch answers marked degraded")
+PREFETCH_WARM = Counter(
+    "memsvc_prefetch_warm_total",
+    "Background rebuilds of a packet after a change, by result (built; skipped: already"
+    " cached, another process had it, or the server was busy; failed)",
+    ["result"],
+)
 READS_SHED = Counter(
     "memsvc_reads_shed_total", "Reads answered RESOURCE_EXHAUSTED at once (too many in flight)"
 )

@@ -22,7 +22,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -189,6 +189,8 @@ class PrefetchService:
         self._flights: SingleFlight[str, _Build] = SingleFlight()
         #: Packets built from PostgreSQL so far (cache hits and joined flights build none).
         self.builds = 0
+        #: Called with each hint-less query answered (the packet warmer records its shape).
+        self.on_hintless: Callable[[PrefetchQuery], None] | None = None
 
     async def prefetch(self, query: PrefetchQuery, budget: Budget) -> PrefetchResult:
         if self._loop_lag is not None:
@@ -239,12 +241,30 @@ class PrefetchService:
             timings.build_ms = (time.perf_counter() - build_started) * 1000
 
         self._record_references(query, wire)
+        if not query.hint and self.on_hintless is not None:
+            self.on_hintless(query)
         text = ""
         if wire.text:
             text = f"{packet.header(query.session_id)}\n\n{wire.text}"
         timings.total_ms = (time.perf_counter() - started) * 1000
         _observe(timings, status, degraded=wire.degraded)
         return PrefetchResult(text=text, wire=wire, cache=status, timings=timings)
+
+    async def warm(self, query: PrefetchQuery, version: int, budget: Budget) -> str:
+        """Build and cache the packet of ``query`` at ``version`` unless it is cached already
+        (or being built: this joins that build). "built" when this call stored it, "skipped"
+        when it was there or another build had it, "failed" when it could not be stored
+        (degraded, or the cache unavailable). No admission gate, no references recorded: no
+        caller is waiting and nothing was shown."""
+        key = packet_key(query.scope.tenant_id, query.scope.user_id, query.shape())
+        result, joined = await self._flights.do(
+            f"{key}:{version}",
+            lambda: self._build(query, version, key, budget, use_cache=True),
+            join_timeout_s=budget.remaining(),
+        )
+        if joined or result.from_cache:
+            return "skipped"
+        return "built" if result.stored else "failed"
 
     async def _current_version(self, query: PrefetchQuery, budget: Budget) -> int | None:
         """The user's content version; None when the budget ran out first. Every write bumps

@@ -92,6 +92,10 @@ class MemsvcServer:
                 core_blocks=runtime.core_blocks,
                 changes=runtime.changes,
             )
+            if runtime.warmer is not None:
+                # Rebuilds packets after changes (any process's), after this server's reads.
+                runtime.warmer.busy = servicer.reads_busy
+                runtime.warmer.start()
             server = grpc.aio.server(
                 interceptors=[ObservingInterceptor(max_request_bytes=settings.max_request_bytes)],
                 options=[

@@ -11,6 +11,8 @@ import redis.asyncio as aioredis
 
 from memsvc.cache.invalidation import PacketInvalidator
 from memsvc.cache.packets import PacketCache
+from memsvc.cache.warm_shapes import MAX_SHAPES as WARM_MAX_SHAPES
+from memsvc.cache.warm_shapes import WarmShapes
 from memsvc.concurrency.fanout import LegRunner
 from memsvc.concurrency.loop_lag import LoopLag
 from memsvc.config import ConfigError, Settings
@@ -38,9 +40,11 @@ from memsvc.memories.service import MemoryService
 from memsvc.memories.sessions import SessionService
 from memsvc.memories.watch import ChangeStream, WatchConfig
 from memsvc.prefetch.service import PrefetchConfig, PrefetchService
+from memsvc.prefetch.warmer import PacketWarmer, WarmConfig
 from memsvc.retrieval.embed_cache import EmbeddingLRU, QueryEmbedder
 from memsvc.retrieval.recall import RecallConfig, RecallService
 from memsvc.retrieval.references import ReferenceRecorder
+from memsvc.storage.notifications import ChangeListener
 from memsvc.storage.pool import connect_and_migrate
 
 
@@ -124,6 +128,8 @@ class Runtime:
     prefetch: PrefetchService
     export: ExportService
     changes: ChangeStream
+    listener: ChangeListener
+    warmer: PacketWarmer | None
     batch: BatchService
     importer: ImportService
     pipeline: ExtractionPipeline
@@ -283,9 +289,16 @@ class Runtime:
         # The change stream (WatchMemories); its LISTEN connection opens with the first
         # stream and closes before the pool.
         assert settings.pg_dsn is not None
+        # The process's one LISTEN connection: the change stream's and the packet warmer's.
+        self.listener = ChangeListener(
+            settings.pg_dsn,
+            connect_timeout_s=acquire_timeout_s,
+            command_timeout_s=settings.pg_command_timeout_ms / 1000,
+        )
+        self._stack.push_async_callback(self.listener.stop)
         self.changes = ChangeStream(
             self.pool,
-            settings.pg_dsn,
+            self.listener,
             WatchConfig(
                 max_streams=settings.watch_max_streams,
                 max_streams_per_tenant=settings.watch_max_streams_per_tenant,
@@ -295,7 +308,6 @@ class Runtime:
                 statement_timeout_s=settings.pg_command_timeout_ms / 1000,
             ),
         )
-        self._stack.push_async_callback(self.changes.stop)
 
     async def _build_background(self, settings: Settings) -> None:
         """The extraction pipeline, and (with workers) the outbox worker and expiry loop."""
@@ -414,6 +426,27 @@ class Runtime:
             loop_lag=loop_lag,
             references=self.references,
         )
+        self.warmer = None
+        if settings.prefetch_warm:
+            self.warmer = PacketWarmer(
+                self.pool,
+                self.prefetch,
+                WarmShapes(
+                    self.redis,
+                    timeout_s=settings.redis_timeout_ms / 1000,
+                    ttl_s=settings.prefetch_warm_ttl_s,
+                    max_shapes=WARM_MAX_SHAPES,
+                ),
+                self.listener,
+                WarmConfig(
+                    delay_s=settings.prefetch_warm_delay_ms / 1000,
+                    budget_s=settings.prefetch_warm_budget_ms / 1000,
+                    concurrency=settings.prefetch_warm_concurrency,
+                    acquire_timeout_s=settings.pg_acquire_timeout_ms / 1000,
+                ),
+            )
+            # Started by the serving process (server/app.py), not by a worker-only one.
+            self._stack.push_async_callback(self.warmer.stop)
 
     async def _background_embedder(self, settings: Settings) -> Embedder:
         """Workers embed in batches: with the local model and a worker in this process they

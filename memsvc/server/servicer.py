@@ -308,6 +308,11 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         if not task.cancelled() and task.exception() is not None:
             log.warning("the on_read hook failed: %s", type(task.exception()).__name__)
 
+    def reads_busy(self) -> bool:
+        """Live reads hold a quarter of the read slots or more: background packet warming
+        (prefetch/warmer.py) waits for them."""
+        return self._reads.in_flight >= max(1, self._settings.reads_max_in_flight // 4)
+
     def _read_slack(self) -> float:
         # Not the margin: on a busy event loop both timers fire late together, and a guard
         # only a margin away would then cancel a handler whose degraded answer was ready.

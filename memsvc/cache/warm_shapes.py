@@ -1,0 +1,63 @@
+"""Which packets to rebuild ahead of the call: a user's recently requested hint-less shapes.
+
+Each hint-less Prefetch (the call-setup packet) records its shape in a per-user sorted set
+scored by time; entries older than ``ttl_s`` are dropped, and at most ``max_shapes`` of the
+newest are kept, so a user who changes persona or agent often cannot grow it. A lock per
+(user, content version) lets one serving process rebuild them. Every operation is bounded by
+the Redis timeout and best effort: a failure is reported to the caller (the warmer counts
+it), never retried here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import redis.asyncio as aioredis
+
+from memsvc.cache.keys import warm_lock_key, warm_shapes_key
+
+# Hint-less shapes kept per user (persona x agent x budget combinations asked for lately).
+MAX_SHAPES = 8
+
+
+class WarmShapes:
+    def __init__(
+        self, client: aioredis.Redis, *, timeout_s: float, ttl_s: int, max_shapes: int
+    ) -> None:
+        self._client = client
+        self._timeout_s = timeout_s
+        self._ttl_s = ttl_s
+        self._max_shapes = max_shapes
+
+    async def record(self, tenant_id: str, user_id: str, shape: str) -> None:
+        """The user asked for this shape now. Raises RedisError/OSError/TimeoutError."""
+        key = warm_shapes_key(tenant_id, user_id)
+        now = time.time()
+        async with asyncio.timeout(self._timeout_s):
+            pipe = self._client.pipeline(transaction=True)
+            pipe.zadd(key, {shape: now})
+            pipe.zremrangebyscore(key, "-inf", now - self._ttl_s)
+            # Keep the newest max_shapes (ranks ascend by score).
+            pipe.zremrangebyrank(key, 0, -self._max_shapes - 1)
+            pipe.expire(key, self._ttl_s)
+            await pipe.execute()
+
+    async def recent(self, tenant_id: str, user_id: str) -> list[str]:
+        """The user's shapes asked for within ``ttl_s``, newest first."""
+        key = warm_shapes_key(tenant_id, user_id)
+        async with asyncio.timeout(self._timeout_s):
+            raw = await self._client.zrevrangebyscore(key, "+inf", time.time() - self._ttl_s)
+        return [r.decode() if isinstance(r, bytes) else str(r) for r in raw]
+
+    async def forget(self, tenant_id: str, user_id: str) -> None:
+        """Nothing to rebuild for this user (erased, or nothing stored)."""
+        async with asyncio.timeout(self._timeout_s):
+            await self._client.unlink(warm_shapes_key(tenant_id, user_id))
+
+    async def claim(self, tenant_id: str, user_id: str, version: int, *, hold_s: float) -> bool:
+        """True for the one caller (across processes) that rebuilds at ``version``."""
+        key = warm_lock_key(tenant_id, user_id, version)
+        async with asyncio.timeout(self._timeout_s):
+            won = await self._client.set(key, b"1", nx=True, px=max(1, int(hold_s * 1000)))
+        return bool(won)

@@ -1,0 +1,143 @@
+"""The process's one LISTEN connection on the change channel, shared by its subscribers.
+
+Every committed change to a memory or core block notifies channel ``memsvc_changes`` with
+the user it concerns (migration 0011), from any process: servers and workers alike. One
+dedicated connection per process LISTENs and calls each subscriber's ``on_user(tenant,
+user)``; it reconnects with backoff when it drops and then calls each ``on_reconnect()``
+(changes may have committed while nobody listened). Subscribers: WatchMemories' change
+stream (memories/watch.py) and the packet warmer (prefetch/warmer.py). Callbacks run on the
+event loop and must not block.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import asyncpg
+
+from memsvc.concurrency.backoff import backoff_delay
+from memsvc.observability import metrics
+from memsvc.storage import changes
+
+log = logging.getLogger(__name__)
+
+# What a dropped LISTEN connection raises; the listener outlives all of these.
+_DATABASE_DOWN = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+    OSError,
+    TimeoutError,
+)
+_BACKOFF_BASE_S = 0.5
+_BACKOFF_MAX_S = 30.0
+
+OnUser = Callable[[str, str], None]
+OnReconnect = Callable[[], None]
+
+
+@dataclass(frozen=True)
+class _Subscriber:
+    on_user: OnUser
+    on_reconnect: OnReconnect | None
+
+
+class ChangeListener:
+    """``subscribe`` callbacks, ``start`` listening (idempotent), ``stop`` at shutdown."""
+
+    def __init__(self, dsn: str, *, connect_timeout_s: float, command_timeout_s: float) -> None:
+        self._dsn = dsn
+        self._connect_timeout_s = connect_timeout_s
+        self._command_timeout_s = command_timeout_s
+        self._subscribers: list[_Subscriber] = []
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
+        self._rng = random.Random()
+        # Set while the LISTEN connection is up; `dropped` from its loss to the reconnect.
+        self.listening = asyncio.Event()
+        self.dropped = asyncio.Event()
+
+    def subscribe(
+        self, on_user: OnUser, on_reconnect: OnReconnect | None = None
+    ) -> Callable[[], None]:
+        """Add a subscriber; returns the function that removes it."""
+        subscriber = _Subscriber(on_user, on_reconnect)
+        self._subscribers.append(subscriber)
+
+        def unsubscribe() -> None:
+            if subscriber in self._subscribers:
+                self._subscribers.remove(subscriber)
+
+        return unsubscribe
+
+    def start(self) -> None:
+        if self._task is None:
+            self._stopping.clear()
+            self._task = asyncio.ensure_future(self._listen())
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        task, self._task = self._task, None
+        if task is None:
+            return
+        task.cancel()
+        await asyncio.wait([task])
+
+    def _notified(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
+        tenant, _, user = str(payload).partition(changes.SEPARATOR)
+        for subscriber in list(self._subscribers):
+            try:
+                subscriber.on_user(tenant, user)
+            except Exception:
+                log.exception("a change subscriber failed")
+
+    def _reconnected(self) -> None:
+        for subscriber in list(self._subscribers):
+            if subscriber.on_reconnect is not None:
+                try:
+                    subscriber.on_reconnect()
+                except Exception:
+                    log.exception("a change subscriber failed")
+
+    async def _listen(self) -> None:
+        """LISTEN on a dedicated connection; reconnect with backoff when it drops."""
+        failures = 0
+        while not self._stopping.is_set():
+            conn: asyncpg.Connection[asyncpg.Record] | None = None
+            try:
+                conn = await asyncpg.connect(
+                    self._dsn,
+                    timeout=self._connect_timeout_s,
+                    command_timeout=self._command_timeout_s,
+                )
+                lost = asyncio.Event()
+                conn.add_termination_listener(lambda _c, lost=lost: lost.set())
+                await conn.add_listener(changes.CHANNEL, self._notified)
+                if failures:
+                    metrics.WATCH_LISTENER_RECONNECTS.inc()
+                failures = 0
+                self.dropped.clear()
+                self.listening.set()
+                # Changes may have committed while nobody listened.
+                self._reconnected()
+                await lost.wait()
+            except _DATABASE_DOWN as exc:
+                log.info("change listener unavailable (%s); retrying", type(exc).__name__)
+            finally:
+                self.listening.clear()
+                self.dropped.set()
+                if conn is not None and not conn.is_closed():
+                    await conn.close(timeout=2)
+            failures += 1
+            await asyncio.sleep(
+                backoff_delay(
+                    failures,
+                    base=_BACKOFF_BASE_S,
+                    cap=_BACKOFF_MAX_S,
+                    random_unit=self._rng.random(),
+                )
+            )
