@@ -61,6 +61,7 @@ bench: install $(BENCH_STAMP)
 	$(BIN)/python -m bench.remember $(BENCH_ARGS)
 	$(BIN)/python -m bench.ingest $(INGEST_ARGS)
 	$(BIN)/python -m bench.recall $(RECALL_ARGS)
+	$(BIN)/python -m bench.calls $(CALLS_ARGS)
 	$(BIN)/python -m bench.soak $(SOAK_ARGS)
 	$(BIN)/python -m bench.report
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from bench.harness import RESULTS_DIR
 
-BENCHMARKS = ("remember", "ingest", "recall", "soak")
+BENCHMARKS = ("remember", "ingest", "recall", "calls", "soak")
 OUT = Path(__file__).parent / "RESULTS.md"
 
 PREAMBLE = """# Benchmark results
