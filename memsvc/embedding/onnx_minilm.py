@@ -62,6 +62,8 @@ class OnnxMiniLMEmbedder:
     depend on the texts beside it (and on their padding). One text at a time,
     the same text always gets the same vector, whichever call embeds it, and
     an int8 run of one text still costs less than its share of an fp32 batch.
+    The derived model has no attention mask at all (assets.drop_padding_ops):
+    it must never be fed padding.
 
     The constructor loads the model and tokenizer eagerly and blocks (about a
     third of a second, including the checksum of the model file): build it at
