@@ -278,6 +278,11 @@ class Settings:
         "similarity to the query, 0..1) are not returned, so an unrelated question gets no "
         "items; 0: no minimum",
     )
+    recall_min_relevance_episode: float = setting(
+        0.05,
+        "the same default for episodes (summaries of a whole conversation sit further from "
+        "any one question than a fact does); a caller's `min_score` applies to every kind",
+    )
     max_query_chars: int = setting(2_000, "longest Recall query or Prefetch hint")
     recall_candidates: int = setting(50, "candidates per leg before fusion (at least `top_k`)")
     # Measured on the LoCoMo dev split (turn-level R@10, bench/locomo_eval.py): plain RRF at
@@ -601,6 +606,8 @@ class Settings:
             raise ConfigError("MEMSVC_DEFAULT_PAGE_SIZE must be within 1..MEMSVC_MAX_PAGE_SIZE")
         if not 0.0 <= self.recall_min_relevance <= 1.0:
             raise ConfigError("MEMSVC_RECALL_MIN_RELEVANCE must be within 0..1")
+        if not 0.0 <= self.recall_min_relevance_episode <= 1.0:
+            raise ConfigError("MEMSVC_RECALL_MIN_RELEVANCE_EPISODE must be within 0..1")
         if not 1 <= self.recall_default_top_k <= self.recall_max_top_k:
             raise ConfigError(
                 "MEMSVC_RECALL_DEFAULT_TOP_K must be within 1..MEMSVC_RECALL_MAX_TOP_K"

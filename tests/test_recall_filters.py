@@ -482,3 +482,20 @@ def test_filter_sql_numbers_parameters_in_filter_args_order() -> None:
         RecallFilters().shape == (False,) * 6 and FACTS.filter_sql(RecallFilters().shape, 9) == ""
     )
     assert f.kinds((ItemKind.FACT, ItemKind.MESSAGE)) == (ItemKind.FACT,)
+
+
+def test_episodes_have_their_own_default_minimum_and_a_callers_applies_to_all() -> None:
+    """Unset min_score: facts and messages need MEMSVC_RECALL_MIN_RELEVANCE, episodes the
+    lower MEMSVC_RECALL_MIN_RELEVANCE_EPISODE; a caller's min_score applies to every kind."""
+    from memsvc.config import Settings
+    from memsvc.server import validate_read
+    from memsvc.storage.model import Scope
+
+    settings = Settings(recall_min_relevance=0.2, recall_min_relevance_episode=0.05)
+    where = Scope("t", "alice", "", "")
+    default = validate_read.recall(pb.RecallRequest(query="coffee"), where, settings)
+    assert default.minimum(ItemKind.FACT) == default.minimum(ItemKind.MESSAGE) == 0.2
+    assert default.minimum(ItemKind.EPISODE) == 0.05
+    chosen = pb.RecallRequest(query="coffee", filters=pb.RecallFilters(min_score=0.3))
+    explicit = validate_read.recall(chosen, where, settings)
+    assert [explicit.minimum(k) for k in ItemKind] == pytest.approx([0.3, 0.3, 0.3])

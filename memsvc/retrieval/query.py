@@ -84,6 +84,15 @@ class RecallQuery:
     filters: RecallFilters = NO_FILTERS
     # Items whose relevance (0..1) is below this are not returned; 0: no minimum.
     min_relevance: float = 0.0
+    # Episodes' own minimum when the caller set none (a summary of a whole conversation is
+    # further from any one question than a fact is); None: min_relevance.
+    min_relevance_episode: float | None = None
+
+    def minimum(self, kind: ItemKind) -> float:
+        """The relevance an item of this kind needs to be returned."""
+        if kind is ItemKind.EPISODE and self.min_relevance_episode is not None:
+            return self.min_relevance_episode
+        return self.min_relevance
 
     @property
     def search_kinds(self) -> tuple[ItemKind, ...]:

@@ -237,7 +237,7 @@ class RecallService:
         ranked = [
             scored
             for scored in (replace(r, relevance=relevance(r.fused, vector)) for r in ranked)
-            if scored.relevance >= query.min_relevance
+            if scored.relevance >= query.minimum(scored.fused.hit.kind)
         ][: query.top_k]
         if self._references is not None:
             scope = query.scope

@@ -95,6 +95,9 @@ def recall(request: pb.RecallRequest, scope: Scope, settings: Settings) -> Recal
         if request.HasField("filters")
         else NO_FILTERS,
         min_relevance=min_relevance(request.filters, settings),
+        min_relevance_episode=(
+            None if request.filters.HasField("min_score") else settings.recall_min_relevance_episode
+        ),
     )
 
 
