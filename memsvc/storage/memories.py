@@ -97,6 +97,36 @@ ALSO_STATED_IN_ON_REINFORCE = """also_stated_in = ARRAY(
                 ORDER BY 1)"""
 
 
+# What writing an identical active memory does (one unique index per scope and content hash):
+# it reinforces the one there. Shared by Remember (insert_or_reinforce) and RememberBatch
+# (memory_batches), so the two can never disagree on what a repeat changes.
+ON_DUPLICATE_REINFORCE = f"""
+ON CONFLICT (tenant_id, user_id, persona_id, agent_id, content_hash)
+    WHERE invalid_at IS NULL
+DO UPDATE SET
+    reinforced_count = memories.reinforced_count + 1,
+    last_reinforced_at = now(),
+    confidence = greatest(memories.confidence, EXCLUDED.confidence),
+    pinned = memories.pinned OR EXCLUDED.pinned,
+    -- Pinned again: back in the core block, no longer a demoted one.
+    demoted_at = CASE WHEN EXCLUDED.pinned THEN NULL ELSE memories.demoted_at END,
+    shared_all_agents = memories.shared_all_agents OR EXCLUDED.shared_all_agents,
+    shared_all_personas = memories.shared_all_personas OR EXCLUDED.shared_all_personas,
+    source_message_ids = ARRAY(
+        SELECT DISTINCT unnest(memories.source_message_ids || EXCLUDED.source_message_ids)
+        ORDER BY 1),
+    retention_policy = CASE WHEN EXCLUDED.origin = 'explicit'
+        THEN EXCLUDED.retention_policy ELSE memories.retention_policy END,
+    expires_at = CASE WHEN EXCLUDED.origin = 'explicit'
+        THEN EXCLUDED.expires_at ELSE memories.expires_at END,
+    session_id = CASE WHEN EXCLUDED.origin = 'explicit'
+        AND EXCLUDED.retention_policy = 'session'
+        THEN EXCLUDED.session_id ELSE memories.session_id END,
+    {ALSO_STATED_IN_ON_REINFORCE}
+WHERE {not_expired("memories")}
+"""
+
+
 async def insert_or_reinforce(
     conn: Connection,
     scope: Scope,
@@ -130,29 +160,7 @@ async def insert_or_reinforce(
         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
                 coalesce($18, now()), $19, $20, $21, $22, $23, $24, $25, $26, $27,
                 $28, coalesce($29::timestamptz, now() + $30::float8 * interval '1 second'))
-        ON CONFLICT (tenant_id, user_id, persona_id, agent_id, content_hash)
-            WHERE invalid_at IS NULL
-        DO UPDATE SET
-            reinforced_count = memories.reinforced_count + 1,
-            last_reinforced_at = now(),
-            confidence = greatest(memories.confidence, EXCLUDED.confidence),
-            pinned = memories.pinned OR EXCLUDED.pinned,
-            -- Pinned again: back in the core block, no longer a demoted one.
-            demoted_at = CASE WHEN EXCLUDED.pinned THEN NULL ELSE memories.demoted_at END,
-            shared_all_agents = memories.shared_all_agents OR EXCLUDED.shared_all_agents,
-            shared_all_personas = memories.shared_all_personas OR EXCLUDED.shared_all_personas,
-            source_message_ids = ARRAY(
-                SELECT DISTINCT unnest(memories.source_message_ids || EXCLUDED.source_message_ids)
-                ORDER BY 1),
-            retention_policy = CASE WHEN EXCLUDED.origin = 'explicit'
-                THEN EXCLUDED.retention_policy ELSE memories.retention_policy END,
-            expires_at = CASE WHEN EXCLUDED.origin = 'explicit'
-                THEN EXCLUDED.expires_at ELSE memories.expires_at END,
-            session_id = CASE WHEN EXCLUDED.origin = 'explicit'
-                AND EXCLUDED.retention_policy = 'session'
-                THEN EXCLUDED.session_id ELSE memories.session_id END,
-            {ALSO_STATED_IN_ON_REINFORCE}
-        WHERE {not_expired("memories")}
+        {ON_DUPLICATE_REINFORCE}
         RETURNING {_COLUMNS}, (xmax <> 0) AS reinforced
         """
     args = (

@@ -19,7 +19,7 @@ import orjson
 from memsvc.storage import retention
 from memsvc.storage.conditions import not_expired
 from memsvc.storage.connection import Connection
-from memsvc.storage.memories import ALSO_STATED_IN_ON_REINFORCE, COLUMNS, record_from_row
+from memsvc.storage.memories import COLUMNS, ON_DUPLICATE_REINFORCE, record_from_row
 from memsvc.storage.model import MemoryRecord, NewMemory, Scope
 
 Key = tuple[str, str, str, bytes]
@@ -67,28 +67,7 @@ _INSERT = f"""
               content_hash, subject, predicate, object, category, role, confidence, pinned,
               valid_from, sources, session_id, origin, vec, retention_policy, expires_at,
               expires_in_s)
-    ON CONFLICT (tenant_id, user_id, persona_id, agent_id, content_hash)
-        WHERE invalid_at IS NULL
-    DO UPDATE SET
-        reinforced_count = memories.reinforced_count + 1,
-        last_reinforced_at = now(),
-        confidence = greatest(memories.confidence, EXCLUDED.confidence),
-        pinned = memories.pinned OR EXCLUDED.pinned,
-        demoted_at = CASE WHEN EXCLUDED.pinned THEN NULL ELSE memories.demoted_at END,
-        shared_all_agents = memories.shared_all_agents OR EXCLUDED.shared_all_agents,
-        shared_all_personas = memories.shared_all_personas OR EXCLUDED.shared_all_personas,
-        source_message_ids = ARRAY(
-            SELECT DISTINCT unnest(memories.source_message_ids || EXCLUDED.source_message_ids)
-            ORDER BY 1),
-        retention_policy = CASE WHEN EXCLUDED.origin = 'explicit'
-            THEN EXCLUDED.retention_policy ELSE memories.retention_policy END,
-        expires_at = CASE WHEN EXCLUDED.origin = 'explicit'
-            THEN EXCLUDED.expires_at ELSE memories.expires_at END,
-        session_id = CASE WHEN EXCLUDED.origin = 'explicit'
-            AND EXCLUDED.retention_policy = 'session'
-            THEN EXCLUDED.session_id ELSE memories.session_id END,
-        {ALSO_STATED_IN_ON_REINFORCE}
-    WHERE {not_expired("memories")}
+    {ON_DUPLICATE_REINFORCE}
     RETURNING {COLUMNS}, content_hash, (xmax <> 0) AS reinforced
 """
 
