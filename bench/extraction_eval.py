@@ -143,6 +143,7 @@ class Conversation:
         message = pb.Message(
             message_id=turn["dia_id"],
             sender_id=self.users[turn["speaker"]],
+            sender_name=turn["speaker"],
             role=pb.MESSAGE_ROLE_USER,
             text=message_text(turn),
         )

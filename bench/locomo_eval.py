@@ -6,7 +6,11 @@
 Protocol (the LoCoMo paper's, see the data folder's README): one unit per turn, text
 `{speaker} said, "{text}"` (+ ` and shared {blip_caption}` for image turns), one index per
 conversation (here: one user scope per conversation). Every turn is ingested as a message
-(one Ingest per session, as a gateway would at the end of a session); the workers index them.
+(one Ingest per session, as a gateway would at the end of a session) whose text is the turn's
+text (+ the caption) and whose sender_name is the speaker: the server makes the unit
+(storage.messages.UNIT_SQL) and the workers index it. ``--speakers id`` sends the name as
+sender_id only (no sender_name), ``--speakers none`` opaque sender ids (a gateway that knows
+no names: the units are the texts alone).
 Each question is a Recall with types=[MESSAGE]; Recall@k is the share of the question's
 evidence dia_ids among the top-k messages (a question without evidence counts as 1).
 The data is read from the shared folder and never copied into the project.
@@ -76,8 +80,8 @@ OFF_TOPIC = (
 )
 
 
-def unit_text(turn: dict[str, Any]) -> str:
-    text = f'{turn["speaker"]} said, "{turn["text"]}"'
+def turn_text(turn: dict[str, Any]) -> str:
+    text = str(turn["text"])
     if turn.get("blip_caption"):
         text += f" and shared {turn['blip_caption']}"
     return text
@@ -104,21 +108,29 @@ def sender_id(speaker: str) -> str:
     return "".join(ch if ch.isalnum() else "-" for ch in speaker).strip("-") or "speaker"
 
 
-async def ingest_all(stub: Any, metadata: Any, samples: list[dict[str, Any]]) -> list[str]:
+async def ingest_all(
+    stub: Any, metadata: Any, samples: list[dict[str, Any]], speakers: str = "name"
+) -> list[str]:
     ids: list[str] = []
     for sample in samples:
         user = sample["sample_id"]
-        for n, when, turns in sessions_of(sample["conversation"]):
+        conversation = sample["conversation"]
+        opaque = {conversation["speaker_a"]: "speaker-1", conversation["speaker_b"]: "speaker-2"}
+        for n, when, turns in sessions_of(conversation):
             messages = []
             for k, turn in enumerate(turns):
                 sent = Timestamp()
                 sent.FromDatetime(when + timedelta(seconds=k))
+                speaker = str(turn["speaker"])
                 messages.append(
                     pb.Message(
                         message_id=turn["dia_id"],
-                        sender_id=sender_id(turn["speaker"]),
+                        sender_id=opaque.get(speaker, "speaker-0")
+                        if speakers == "none"
+                        else sender_id(speaker),
+                        sender_name=speaker if speakers == "name" else "",
                         role=pb.MESSAGE_ROLE_USER,
-                        text=unit_text(turn),
+                        text=turn_text(turn),
                         sent_at=sent,
                     )
                 )
@@ -177,6 +189,7 @@ async def evaluate(
     routes: dict[str, Counter[str]] = defaultdict(Counter)
     latencies: list[float] = []
     degraded = 0
+    skipped = 0
     for sample in samples:
         user = sample["sample_id"]
         for qa in sample["qa"]:
@@ -194,6 +207,7 @@ async def evaluate(
             )
             latencies.append(time.perf_counter() - started)
             degraded += reply.degraded
+            skipped += bool(reply.skipped_legs)
             found = [item.id for item in reply.items]
             scores = [recall_at(found, list(qa.get("evidence") or []), k) for k in KS]
             category = CATEGORIES.get(int(qa["category"]), str(qa["category"]))
@@ -207,6 +221,7 @@ async def evaluate(
         "routing": routing,
         "questions": len(per_cat["all"]),
         "degraded": degraded,
+        "skipped_dense": skipped,
         "latency_ms": {
             "p50": float(np.percentile(ms, 50)),
             "p95": float(np.percentile(ms, 95)),
@@ -337,13 +352,14 @@ async def run(
     routing: str,
     ingest: bool,
     min_scores: list[float] | None = None,
+    speakers: str = "name",
 ) -> list[dict[str, Any]]:
     metadata = (("x-api-key", target.api_key),)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{target.port}") as channel:
         stub = memory_pb2_grpc.MemoryServiceStub(channel)
         if ingest:
             started = time.perf_counter()
-            ids = await ingest_all(stub, metadata, samples)
+            ids = await ingest_all(stub, metadata, samples, speakers)
             await wait_done(stub, metadata, ids, timeout_s=1800)
             print(
                 f"ingested and indexed {len(ids)} sessions in {time.perf_counter() - started:.1f}s",
@@ -374,6 +390,13 @@ def main() -> None:
         help="MEMSVC_ROUTING values to evaluate, each on its own server over one ingest",
     )
     parser.add_argument("--conversations", type=int, default=0, help="only the first N")
+    parser.add_argument(
+        "--speakers",
+        choices=("name", "id", "none"),
+        default="name",
+        help="how a turn names its speaker: sender_name (default), a name-like sender_id "
+        "only, or opaque sender ids",
+    )
     parser.add_argument(
         "--deadline-ms",
         type=float,
@@ -414,6 +437,7 @@ def main() -> None:
                         routing=routing,
                         ingest=i == 0,
                         min_scores=min_scores,
+                        speakers=args.speakers,
                     )
                 )
     if min_scores:
@@ -437,6 +461,7 @@ def main() -> None:
         lat = r["latency_ms"]
         print(
             f"{label(r)}: {r['questions']} questions, degraded {r['degraded']}, "
+            f"dense leg skipped {r['skipped_dense']}, "
             f"latency p50 {lat['p50']:.1f} ms p95 {lat['p95']:.1f} ms p99 {lat['p99']:.1f} ms"
         )
     RESULTS_DIR.mkdir(exist_ok=True)

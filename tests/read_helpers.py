@@ -21,7 +21,12 @@ from memsvc.embedding import Embedder
 from memsvc.extraction.base import CandidateEpisode
 from memsvc.server.app import MemsvcServer
 from memsvc.storage import extraction, topics, versions
-from memsvc.storage.messages import StoredMessage, insert_messages, set_message_embeddings
+from memsvc.storage.messages import (
+    StoredMessage,
+    insert_messages,
+    set_message_embeddings,
+    units,
+)
 from memsvc.storage.model import Scope
 from memsvc.v1 import memory_pb2 as pb
 from memsvc.v1 import memory_pb2_grpc
@@ -69,7 +74,8 @@ async def seed_messages(
     sender: str = "alice",
     start: datetime | None = None,
 ) -> list[str]:
-    """Store messages (one per text, a minute apart) with their embeddings; returns ids."""
+    """Store messages (one per text, a minute apart) with the embeddings of their units, as
+    the workers make them; returns ids."""
     start = start or days_ago(1)
     stored = [
         StoredMessage(
@@ -82,7 +88,9 @@ async def seed_messages(
         )
         for i, text in enumerate(texts)
     ]
-    vectors = await embedder.embed(list(texts))
+    async with pool.acquire() as conn:
+        unit_texts = await units(conn, [(m.sender_name, m.sender_id, m.text) for m in stored])
+    vectors = await embedder.embed(unit_texts)
     async with pool.acquire() as conn, conn.transaction():
         await insert_messages(conn, scope, uuid.uuid4(), stored)
         await set_message_embeddings(

@@ -47,8 +47,9 @@ def _metric(kind: str, action: str, path: str) -> float:
 
 async def _stored(pool: asyncpg.Pool, tenant: str) -> list[asyncpg.Record]:
     rows: list[asyncpg.Record] = await pool.fetch(
-        "SELECT message_id, text, search_tsv::text AS lexical, context_tsv::text AS context,"
-        " embedding, embedding_state FROM messages WHERE tenant_id = $1 ORDER BY sent_at",
+        "SELECT message_id, sender_id, text, search_tsv::text AS lexical,"
+        " context_tsv::text AS context, embedding, embedding_state FROM messages"
+        " WHERE tenant_id = $1 ORDER BY sent_at",
         tenant,
     )
     return rows
@@ -107,9 +108,11 @@ async def test_redact_reaches_every_stored_copy_of_a_message(
     for row in rows:
         for column in ("text", "lexical", "context"):
             assert "4111" not in row[column] and "1111" not in row[column], column
-    # The vector is of the stored (redacted) text.
+    # The vector is of the stored (redacted) text, as its unit (the sender ids are names).
     assert all(r["embedding_state"] == "ok" for r in rows)
-    vectors = await embedder.embed([r["text"] for r in rows], timeout_s=10)
+    vectors = await embedder.embed(
+        [f'{r["sender_id"]} said, "{r["text"]}"' for r in rows], timeout_s=10
+    )
     for row, vector in zip(rows, vectors, strict=True):
         assert np.allclose(row["embedding"].to_numpy(), vector, atol=1e-5)
 

@@ -270,6 +270,23 @@ async def test_min_score_default_drops_noise_keeps_answers(
     assert list(high.items) == []
 
 
+async def test_the_default_minimum_gates_the_answer_a_callers_filters_each_item(
+    caller: Caller,
+) -> None:
+    """Default: a relevant answer comes back whole (top_k, its weaker items too); an explicit
+    min_score drops each item below it."""
+    for content in PERSONAL:
+        await remember(caller, content)
+    question = "where does my brother live?"
+    gated = await recall(caller, question, top_k=len(PERSONAL))
+    assert gated.items[0].text == "My brother lives in Oslo"
+    assert len(gated.items) == len(PERSONAL)
+    assert any(item.relevance < 0.2 for item in gated.items)
+    per_item = await recall(caller, question, top_k=len(PERSONAL), filters=filters(min_score=0.2))
+    assert 1 <= len(per_item.items) < len(PERSONAL)
+    assert all(item.relevance >= 0.2 for item in per_item.items)
+
+
 async def test_relevance_of_lexical_only_hits(caller: Caller) -> None:
     """Hybrid: a hit only the lexical leg found still gets its cosine relevance (the same
     measure as the dense leg's); lexical mode: the share of the query's words matched."""

@@ -29,8 +29,12 @@ def message(
     role: str = "user",
     message_id: str | None = None,
     sent_at: datetime | None = None,
+    sender_name: str = "",
 ) -> pb.Message:
     """One turn's message; ``message_id`` defaults to a fresh id, ``sent_at`` to now (UTC).
+
+    ``sender_name`` is the speaker's name ("Caroline"): the message is found by questions that
+    name them (it is embedded as `{name} said, "{text}"`).
 
     Give a stable ``message_id`` when a message may be sent twice: the server drops a
     message_id the session already holds.
@@ -47,4 +51,5 @@ def message(
         role=role_value,
         text=text,
         sent_at=stamp,
+        sender_name=sender_name,
     )

@@ -6,7 +6,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Collection, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -24,10 +24,12 @@ class LegResult(Generic[T]):
     error: BaseException | None
     timed_out: bool
     elapsed_ms: float
+    # Not waited for: another leg's result made it unnecessary (``settle``).
+    skipped: bool = False
 
     @property
     def ok(self) -> bool:
-        return not self.timed_out and self.error is None
+        return not self.timed_out and not self.skipped and self.error is None
 
 
 def _stamp(finished_at: dict[str, float], name: str, _task: asyncio.Task[Any]) -> None:
@@ -74,9 +76,16 @@ class LegRunner:
         return len(self._stragglers)
 
     async def run(
-        self, legs: Mapping[str, Coroutine[Any, Any, T]], *, budget_s: float
+        self,
+        legs: Mapping[str, Coroutine[Any, Any, T]],
+        *,
+        budget_s: float,
+        settle: Callable[[str, T], Collection[str]] | None = None,
     ) -> dict[str, LegResult[T]]:
-        """Run every leg; return each one's result once all finished or the budget ran out."""
+        """Run every leg; return each one's result once all finished or the budget ran out.
+
+        ``settle(name, value)`` is called as each leg succeeds and names the legs no longer
+        worth waiting for: those still running are cancelled and reported ``skipped``."""
         started = time.perf_counter()
         wait_s = max(0.0, budget_s - min(self.reserve_s, budget_s * self.MAX_RESERVE_SHARE))
         finished_at: dict[str, float] = {}
@@ -85,15 +94,18 @@ class LegRunner:
             task = asyncio.create_task(coro, name=f"leg:{name}")
             task.add_done_callback(functools.partial(_stamp, finished_at, name))
             tasks[name] = task
+        skipped: set[str] = set()
         try:
-            if tasks:
+            if tasks and settle is not None:
+                skipped = await self._wait_settling(tasks, started + wait_s, settle)
+            elif tasks:
                 await asyncio.wait(tasks.values(), timeout=wait_s)
         except asyncio.CancelledError:
             # The call itself was cancelled: take every leg down with it, then re-raise.
             self._abandon(t for t in tasks.values() if not t.done())
             raise
         now = time.perf_counter()
-        if any(not t.done() for t in tasks.values()):
+        if any(not t.done() and name not in skipped for name, t in tasks.items()):
             # Woken by the timeout: how late was the loop?
             late_s = max(0.0, now - started - wait_s)
             self._lateness_s += self.LATENESS_ALPHA * (late_s - self._lateness_s)
@@ -103,6 +115,9 @@ class LegRunner:
         results: dict[str, LegResult[T]] = {}
         for name, task in tasks.items():
             elapsed_ms = (finished_at.get(name, now) - started) * 1000
+            if name in skipped and not task.done():
+                results[name] = LegResult(name, None, None, False, elapsed_ms, skipped=True)
+                continue
             if not task.done() or task.cancelled():
                 results[name] = LegResult(name, None, None, True, elapsed_ms)
                 continue
@@ -113,6 +128,32 @@ class LegRunner:
                 results[name] = LegResult(name, None, error, False, elapsed_ms)
         self._abandon(t for t in tasks.values() if not t.done())
         return results
+
+    @staticmethod
+    async def _wait_settling(
+        tasks: Mapping[str, asyncio.Task[T]],
+        deadline: float,
+        settle: Callable[[str, T], Collection[str]],
+    ) -> set[str]:
+        """Wait leg by leg until every leg finished, or is no longer needed, or the deadline;
+        the names of the legs found unnecessary."""
+        names = {task: name for name, task in tasks.items()}
+        pending = set(tasks.values())
+        skipped: set[str] = set()
+        while pending:
+            remaining = deadline - time.perf_counter()
+            if remaining <= 0:
+                break
+            done, pending = await asyncio.wait(
+                pending, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+            )
+            if not done:
+                break
+            for task in done:
+                if not task.cancelled() and task.exception() is None:
+                    skipped.update(settle(names[task], task.result()))
+            pending = {task for task in pending if names[task] not in skipped}
+        return skipped
 
     def _abandon(self, tasks: Any) -> None:
         for task in tasks:

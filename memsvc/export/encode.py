@@ -157,6 +157,7 @@ def message(row: Row) -> dict[str, Any]:
         "session_id": row["session_id"],
         "message_id": row["message_id"],
         "sender_id": row["sender_id"],
+        "sender_name": row["sender_name"],
         "role": row["role"],
         "text": row["text"],
         "sent_at": row["sent_at"],

@@ -24,7 +24,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import asyncpg
@@ -155,8 +155,16 @@ class ImportService:
         result = ImportResult(parsed.lines)
         async with acquire(self._pool, budget, timeout_s=self._config.acquire_timeout_s) as conn:
             fresh = await self._fresh(conn, target, keys)
+            # What a message's vector is of: its unit (`{name} said, "{text}"`).
+            units = await message_sql.units(
+                conn,
+                [
+                    (m.sender_name, m.sender_id, text)
+                    for (_, m), text in zip(parsed.messages, texts.messages, strict=True)
+                ],
+            )
         # No connection held while the model runs.
-        vectors = await self._embed_new(texts, keys, fresh, budget)
+        vectors = await self._embed_new(replace(texts, messages=units), keys, fresh, budget)
         async with (
             acquire(self._pool, budget, timeout_s=self._config.acquire_timeout_s) as conn,
             conn.transaction(),
@@ -563,6 +571,7 @@ class _Writer:
                 ],
             ),
             Column("sender_id", "text", [m.sender_id for m in ms]),
+            Column("sender_name", "text", [m.sender_name for m in ms]),
             Column("role", "text", [m.role for m in ms]),
             Column("text", "text", list(texts)),
             Column("sent_at", "timestamptz", [m.sent_at for m in ms]),

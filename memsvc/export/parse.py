@@ -135,6 +135,8 @@ class MessageLine(_Record):
     session_id: str = Field(min_length=1)
     message_id: str = Field(min_length=1)
     sender_id: str = Field(min_length=1)
+    # Exports written before sender_name existed have none.
+    sender_name: str = Field(default="", max_length=128)
     role: Literal["user", "assistant", "system", "tool"]
     text: Text = Field(min_length=1)
     sent_at: Time

@@ -229,8 +229,9 @@ class ExtractionPipeline:
         if not todo:
             return 0
         try:
+            # The unit: `{name} said, "{text}"` (storage.messages.UNIT_SQL).
             vectors = await self._embedder.embed(
-                [r["text"] for r in todo], timeout_s=self._settings.embed_timeout_s
+                [r["unit"] for r in todo], timeout_s=self._settings.embed_timeout_s
             )
         except EmbeddingError as exc:
             log.warning("message embedding failed, left for reconcile: %s", type(exc).__name__)

@@ -84,6 +84,12 @@ RECALL_MISSING_LEGS = Counter(
     ["leg", "reason"],
 )
 RECALL_DEGRADED = Counter("memsvc_recall_degraded_total", "Recall answers marked degraded")
+RECALL_SKIPPED_LEGS = Counter(
+    "memsvc_recall_skipped_legs_total",
+    "Recall legs not used by choice: the lexical leg's best match held every word of the "
+    "query under a voice-sized deadline (embed: not even computed)",
+    ["leg"],
+)
 PREFETCH_STAGE_SECONDS = Histogram(
     "memsvc_prefetch_stage_seconds",
     "Prefetch time per stage (cache, embed, build, total)",

@@ -87,6 +87,10 @@ class RecallQuery:
     # Episodes' own minimum when the caller set none (a summary of a whole conversation is
     # further from any one question than a fact is); None: min_relevance.
     min_relevance_episode: float | None = None
+    # The server's default minimum (the caller set none) applies to the answer as a whole:
+    # it is empty when none of its best items reaches its kind's minimum, and otherwise
+    # returned as ranked (see retrieval.recall.RELEVANCE_GATE_ITEMS).
+    relevance_gate: bool = False
 
     def minimum(self, kind: ItemKind) -> float:
         """The relevance an item of this kind needs to be returned."""
@@ -130,6 +134,7 @@ class Hit:
     shared_all_personas: bool
     score: float
     sender_id: str = ""
+    sender_name: str = ""
     # Message role (user, assistant...) for messages; the memory role for facts.
     role: str = ""
     confidence: float | None = None

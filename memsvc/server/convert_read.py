@@ -45,6 +45,7 @@ def recall_response(result: RecallResult) -> pb.RecallResponse:
             session_id=hit.session_id,
             occurred_at=timestamp(hit.occurred_at),
             sender_id=hit.sender_id,
+            sender_name=hit.sender_name,
             role=(
                 _ROLES.get(hit.role, pb.MESSAGE_ROLE_UNSPECIFIED)
                 if hit.kind is ItemKind.MESSAGE
@@ -60,6 +61,7 @@ def recall_response(result: RecallResult) -> pb.RecallResponse:
         degraded=result.degraded,
         items=items,
         missing_legs=list(result.missing_legs),
+        skipped_legs=list(result.skipped_legs),
         timings=pb.StageTimings(
             embed_ms=t.embed_ms,
             dense_ms=t.dense_ms,

@@ -261,6 +261,7 @@ _MESSAGE_ROLES = {
 }
 MAX_IDEMPOTENCY_KEY_CHARS = 200
 MAX_GOAL_CHARS = 300
+MAX_SENDER_NAME_CHARS = 128
 
 
 def ingest(request: pb.IngestRequest, tenant_id: str, settings: Settings) -> IngestCommand:
@@ -305,6 +306,9 @@ def ingest(request: pb.IngestRequest, tenant_id: str, settings: Settings) -> Ing
                 session_id=session_id,
                 message_id=message_id,
                 sender_id=identifier(m.sender_id, f"{field}.sender_id", settings, required=True),
+                sender_name=short_text(
+                    m.sender_name, f"{field}.sender_name", MAX_SENDER_NAME_CHARS
+                ),
                 role=role,
                 text=text,
                 sent_at=timestamp(m.sent_at, f"{field}.sent_at"),

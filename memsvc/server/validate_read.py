@@ -98,6 +98,7 @@ def recall(request: pb.RecallRequest, scope: Scope, settings: Settings) -> Recal
         min_relevance_episode=(
             None if request.filters.HasField("min_score") else settings.recall_min_relevance_episode
         ),
+        relevance_gate=not request.filters.HasField("min_score"),
     )
 
 

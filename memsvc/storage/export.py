@@ -129,8 +129,8 @@ def messages(subject: Subject, at: datetime) -> Statement:
     return (
         f"""{MARKER}
         SELECT g.user_id, g.persona_id, g.agent_id, g.session_id, g.message_id, g.sender_id,
-               g.role, g.text, g.sent_at, g.recorded_at, g.retention_policy, g.expires_at,
-               g.ingest_id,
+               g.sender_name, g.role, g.text, g.sent_at, g.recorded_at, g.retention_policy,
+               g.expires_at, g.ingest_id,
                min(g.sent_at) OVER (PARTITION BY g.user_id, g.persona_id, g.agent_id,
                                     g.session_id) AS session_started_at
         FROM messages g

@@ -24,6 +24,26 @@ class StoredMessage:
     role: str  # user | assistant | system | tool
     text: str
     sent_at: datetime
+    # The speaker's name as given by the caller ('' when none; see SPEAKER_SQL).
+    sender_name: str = ""
+
+
+# Who said a message, as a retrieval unit names them: the caller's sender_name, else a
+# sender_id made of letters only ("Caroline", "mary-jane"; an id such as "u_81f3" names
+# nobody), else NULL.
+SPEAKER_SQL = (
+    "coalesce(nullif(sender_name, ''),"
+    " substring(sender_id from '^[[:alpha:]]+(?:[ .''-][[:alpha:]]+)*$'))"
+)
+# What the dense leg embeds and the context index holds of a message: `{name} said, "{text}"`
+# when the speaker has a name (the LoCoMo paper's unit), else the text alone. Measured on the
+# LoCoMo development split, dense leg alone, R@10: 34.1 for the text alone, 54.2 with the
+# name (questions name the person: "What did Caroline research?"). The same unit with the
+# session date in front (54.3) or the previous turn (53.8) was no better, so neither is in it.
+UNIT_SQL = (
+    f"CASE WHEN {SPEAKER_SQL} IS NULL THEN text"
+    f" ELSE {SPEAKER_SQL} || ' said, \"' || text || '\"' END"
+)
 
 
 async def insert_messages(
@@ -45,12 +65,14 @@ async def insert_messages(
         """
         INSERT INTO messages (tenant_id, user_id, persona_id, agent_id, session_id, message_id,
                               ingest_id, sender_id, role, text, sent_at, retention_policy,
-                              expires_at)
+                              expires_at, sender_name)
         SELECT $1, $2, $3, $4, m.session_id, m.message_id, $5, m.sender_id, m.role, m.text,
                m.sent_at, CASE WHEN $12::float8 > 0 THEN 'ttl' ELSE 'user-controlled' END,
-               CASE WHEN $12::float8 > 0 THEN now() + $12::float8 * interval '1 second' END
-        FROM unnest($6::text[], $7::text[], $8::text[], $9::text[], $10::text[], $11::timestamptz[])
-             AS m(session_id, message_id, sender_id, role, text, sent_at)
+               CASE WHEN $12::float8 > 0 THEN now() + $12::float8 * interval '1 second' END,
+               m.sender_name
+        FROM unnest($6::text[], $7::text[], $8::text[], $9::text[], $10::text[], $11::timestamptz[],
+                    $13::text[])
+             AS m(session_id, message_id, sender_id, role, text, sent_at, sender_name)
         ON CONFLICT (tenant_id, user_id, persona_id, agent_id, session_id, message_id) DO NOTHING
         """,
         scope.tenant_id,
@@ -65,6 +87,7 @@ async def insert_messages(
         [m.text for m in messages],
         [m.sent_at for m in messages],
         ttl_s,
+        [m.sender_name for m in messages],
     )
     return int(result.split()[-1])
 
@@ -72,9 +95,10 @@ async def insert_messages(
 async def messages_of_ingest(
     conn: Connection, scope: Scope, ingest_id: uuid.UUID
 ) -> list[asyncpg.Record]:
-    """The messages an ingest stored, in conversation order."""
+    """The messages an ingest stored, in conversation order; ``unit`` is what to embed."""
     rows: list[asyncpg.Record] = await conn.fetch(
-        "SELECT session_id, message_id, sender_id, role, text, sent_at, embedding_state"
+        "SELECT session_id, message_id, sender_id, role, text, sent_at, embedding_state,"
+        f" {UNIT_SQL} AS unit"
         " FROM messages WHERE tenant_id = $1 AND user_id = $2 AND persona_id = $3"
         " AND agent_id = $4 AND ingest_id = $5 ORDER BY sent_at, message_id",
         scope.tenant_id,
@@ -84,6 +108,21 @@ async def messages_of_ingest(
         ingest_id,
     )
     return rows
+
+
+async def units(conn: Connection, messages: Sequence[tuple[str, str, str]]) -> list[str]:
+    """The retrieval unit (UNIT_SQL) of each (sender_name, sender_id, text), in order: for
+    texts embedded before their rows exist (an import)."""
+    if not messages:
+        return []
+    rows = await conn.fetch(
+        f"SELECT {UNIT_SQL} AS unit FROM unnest($1::text[], $2::text[], $3::text[])"
+        " WITH ORDINALITY AS m(sender_name, sender_id, text, n) ORDER BY n",
+        [m[0] for m in messages],
+        [m[1] for m in messages],
+        [m[2] for m in messages],
+    )
+    return [r["unit"] for r in rows]
 
 
 async def set_message_embeddings(
@@ -109,30 +148,35 @@ async def index_session_context(
     conn: Connection, scope: Scope, session_id: str, message_ids: Sequence[str]
 ) -> int:
     """(Re)build the context tsvector of the given messages and of the two before each of
-    them in the session (their forward neighbours changed). Returns rows updated."""
+    them in the session (their forward neighbours changed). Returns rows updated.
+
+    A message's unit (UNIT_SQL) weighs A, its neighbours' at distance 1 B and at distance 2
+    C (retrieval.sources.MESSAGES says how much each counts). The date it was said is not in it:
+    its words ("8", "may", "2023") matched every question holding "may" or a number, and a
+    query that names a date is served by the route's date factor instead."""
     result: str = await conn.execute(
-        """
+        f"""
         WITH s AS (
-            SELECT message_id, text, sent_at,
+            SELECT message_id, sent_at, {UNIT_SQL} AS unit,
                    row_number() OVER (ORDER BY sent_at, message_id) AS i
             FROM messages
             WHERE tenant_id = $1 AND user_id = $2 AND persona_id = $3 AND agent_id = $4
               AND session_id = $5
         ),
+        w AS (
+            SELECT message_id, i, unit,
+                   concat_ws(' ', lag(unit) OVER o, lead(unit) OVER o) AS near,
+                   concat_ws(' ', lag(unit, 2) OVER o, lead(unit, 2) OVER o) AS far
+            FROM s WINDOW o AS (ORDER BY i)
+        ),
         first_new AS (SELECT coalesce(min(i), 0) AS i FROM s WHERE message_id = ANY($6::text[])),
         ctx AS (
-            SELECT t.message_id,
-                   setweight(to_tsvector('english', t.text), 'A')
-                || setweight(to_tsvector('english', coalesce((
-                       SELECT string_agg(n.text, ' ') FROM s n WHERE abs(n.i - t.i) = 1
-                   ), '')), 'B')
-                || setweight(to_tsvector('english', coalesce((
-                       SELECT string_agg(n.text, ' ') FROM s n WHERE abs(n.i - t.i) = 2
-                   ), '')), 'C')
-                || setweight(to_tsvector('english', to_char(t.sent_at, 'FMDD FMMonth YYYY')), 'D')
-                   AS tsv
-            FROM s t, first_new f
-            WHERE f.i > 0 AND t.i >= f.i - 2
+            SELECT w.message_id,
+                   setweight(to_tsvector('english', w.unit), 'A')
+                || setweight(to_tsvector('english', w.near), 'B')
+                || setweight(to_tsvector('english', w.far), 'C') AS tsv
+            FROM w, first_new f
+            WHERE f.i > 0 AND w.i >= f.i - 2
         )
         UPDATE messages m SET context_tsv = ctx.tsv
         FROM ctx

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import asyncpg
 
 from memsvc.storage.connection import Connection
+from memsvc.storage.messages import UNIT_SQL
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ def projection(embedding: object | None, model_id: str) -> tuple[object | None, 
 
 TIERS = (
     Tier("memories", "memory_id", "content"),
-    Tier("messages", "persona_id, agent_id, session_id, message_id", "text"),
+    Tier("messages", "persona_id, agent_id, session_id, message_id", UNIT_SQL),
     Tier("episodes", "episode_id", "title || '. ' || summary"),
     Tier("topics", "topic_id", "name"),
 )

@@ -1512,10 +1512,12 @@ class RecallFilters(_message.Message):
     UNTIL_FIELD_NUMBER: _builtins.int
     MIN_SCORE_FIELD_NUMBER: _builtins.int
     min_score: _builtins.float
-    """Minimum relevance (RecallItem.relevance, 0..1) of a returned item. Unset: the server's
-    calibrated default (MEMSVC_RECALL_MIN_RELEVANCE), which makes a question about something
-    never stored return no items rather than noise. 0: no minimum. Outside 0..1:
-    INVALID_ARGUMENT.
+    """Minimum relevance (RecallItem.relevance, 0..1) of each returned item. Unset: the server's
+    calibrated default (MEMSVC_RECALL_MIN_RELEVANCE, episodes
+    MEMSVC_RECALL_MIN_RELEVANCE_EPISODE) applies to the answer as a whole: it is empty when
+    none of its 10 best items reaches it (a question about something never stored returns no
+    items rather than noise), and otherwise comes back as ranked, top_k items. 0: no minimum.
+    Outside 0..1: INVALID_ARGUMENT.
     """
     @_builtins.property
     def categories(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -1636,6 +1638,7 @@ class RecallItem(_message.Message):
     SENDER_ID_FIELD_NUMBER: _builtins.int
     ROLE_FIELD_NUMBER: _builtins.int
     RELEVANCE_FIELD_NUMBER: _builtins.int
+    SENDER_NAME_FIELD_NUMBER: _builtins.int
     type: Global___ItemType.ValueType
     """FACT, EPISODE or MESSAGE."""
     id: _builtins.str
@@ -1658,6 +1661,8 @@ class RecallItem(_message.Message):
     """MESSAGE only: who spoke."""
     relevance: _builtins.float
     """Calibrated relevance to the query, 0..1 (compared with RecallFilters.min_score)."""
+    sender_name: _builtins.str
+    """MESSAGE only: the sender_name stored with it (empty when none was given)."""
     @_builtins.property
     def occurred_at(self) -> _timestamp_pb2.Timestamp:
         """When it was said (messages), ended (episodes) or recorded (facts)."""
@@ -1682,10 +1687,11 @@ class RecallItem(_message.Message):
         sender_id: _builtins.str = ...,
         role: Global___MessageRole.ValueType = ...,
         relevance: _builtins.float = ...,
+        sender_name: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["memory", b"memory", "occurred_at", b"occurred_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dense_rank", b"dense_rank", "fused_score", b"fused_score", "id", b"id", "lexical_rank", b"lexical_rank", "memory", b"memory", "occurred_at", b"occurred_at", "relevance", b"relevance", "role", b"role", "score", b"score", "sender_id", b"sender_id", "session_id", b"session_id", "text", b"text", "type", b"type"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dense_rank", b"dense_rank", "fused_score", b"fused_score", "id", b"id", "lexical_rank", b"lexical_rank", "memory", b"memory", "occurred_at", b"occurred_at", "relevance", b"relevance", "role", b"role", "score", b"score", "sender_id", b"sender_id", "sender_name", b"sender_name", "session_id", b"session_id", "text", b"text", "type", b"type"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1702,6 +1708,7 @@ class RecallResponse(_message.Message):
     MISSING_LEGS_FIELD_NUMBER: _builtins.int
     TIMINGS_FIELD_NUMBER: _builtins.int
     ROUTE_FIELD_NUMBER: _builtins.int
+    SKIPPED_LEGS_FIELD_NUMBER: _builtins.int
     degraded: _builtins.bool
     """True when a leg (or the embedding) did not finish within the deadline: the items are
     what the other leg found. Both missing: empty and degraded. Never an error.
@@ -1720,6 +1727,14 @@ class RecallResponse(_message.Message):
     def timings(self) -> Global___StageTimings:
         """Server-side stage times."""
 
+    @_builtins.property
+    def skipped_legs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """"embed", "dense": legs not used by choice, not for lack of time (so not degraded). Under
+        a voice-sized deadline (at most MEMSVC_RECALL_LEXICAL_ENOUGH_BELOW_MS, default 400 ms)
+        and without a query_vector, a HYBRID Recall whose best lexical match holds every word of
+        the query answers from the lexical leg alone, and does not wait for the embedding.
+        """
+
     def __init__(
         self,
         *,
@@ -1728,10 +1743,11 @@ class RecallResponse(_message.Message):
         missing_legs: _abc.Iterable[_builtins.str] | None = ...,
         timings: Global___StageTimings | None = ...,
         route: _builtins.str = ...,
+        skipped_legs: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["timings", b"timings"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["degraded", b"degraded", "items", b"items", "missing_legs", b"missing_legs", "route", b"route", "timings", b"timings"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["degraded", b"degraded", "items", b"items", "missing_legs", b"missing_legs", "route", b"route", "skipped_legs", b"skipped_legs", "timings", b"timings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1748,6 +1764,7 @@ class Message(_message.Message):
     ROLE_FIELD_NUMBER: _builtins.int
     TEXT_FIELD_NUMBER: _builtins.int
     SENT_AT_FIELD_NUMBER: _builtins.int
+    SENDER_NAME_FIELD_NUMBER: _builtins.int
     message_id: _builtins.str
     """The caller's id, unique within the session (1..128 chars)."""
     sender_id: _builtins.str
@@ -1757,6 +1774,13 @@ class Message(_message.Message):
     text: _builtins.str
     """1..8,000 chars. Stored screened by the tenant's PII policy: `redact` and `reject` both
     replace personal data by a label (a message is never refused); `store` keeps it.
+    """
+    sender_name: _builtins.str
+    """Optional, 0..128 chars: the speaker's name as people call them ("Caroline"); a gateway
+    usually knows the caller's. The message is embedded and indexed as `{name} said, "{text}"`,
+    so a question that names the person finds what they said. When empty, a sender_id made of
+    letters only ("Caroline", "mary-jane") is taken as the name; an id with digits or other
+    signs ("u_81f3", "alice@example.com") is not, and the message is indexed as its text alone.
     """
     @_builtins.property
     def sent_at(self) -> _timestamp_pb2.Timestamp:
@@ -1770,10 +1794,11 @@ class Message(_message.Message):
         role: Global___MessageRole.ValueType = ...,
         text: _builtins.str = ...,
         sent_at: _timestamp_pb2.Timestamp | None = ...,
+        sender_name: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["sent_at", b"sent_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["message_id", b"message_id", "role", b"role", "sender_id", b"sender_id", "sent_at", b"sent_at", "text", b"text"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message_id", b"message_id", "role", b"role", "sender_id", b"sender_id", "sender_name", b"sender_name", "sent_at", b"sent_at", "text", b"text"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
