@@ -300,9 +300,7 @@ def _relevant(
     item when the caller set one; as a gate on the whole answer by default."""
     if not query.relevance_gate:
         scored = (replace(r, relevance=relevance(r.fused, vector)) for r in ranked)
-        return [r for r in scored if r.relevance >= query.minimum(r.fused.hit.kind)][
-            : query.top_k
-        ]
+        return [r for r in scored if r.relevance >= query.minimum(r.fused.hit.kind)][: query.top_k]
     window = ranked[: max(query.top_k, RELEVANCE_GATE_ITEMS)]
     scored_window = [replace(r, relevance=relevance(r.fused, vector)) for r in window]
     gate = scored_window[:RELEVANCE_GATE_ITEMS]
