@@ -275,8 +275,9 @@ class Settings:
     recall_min_relevance: float = setting(
         0.2,
         "Recall's default minimum relevance (cosine similarity to the query, 0..1), when "
-        "`filters.min_score` is unset: an answer none of whose 10 best items reaches it is "
-        "empty, so an unrelated question gets no items; 0: no minimum",
+        "`filters.min_score` is unset: an answer whose 10 best items hold a fact or message "
+        "reaching it comes back as ranked, otherwise each item needs its kind's minimum, so an "
+        "unrelated question gets no items; 0: no minimum",
     )
     recall_min_relevance_episode: float = setting(
         0.05,

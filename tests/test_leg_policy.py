@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import asyncpg
@@ -12,8 +13,11 @@ import pytest
 
 from memsvc.concurrency.fanout import LegRunner
 from memsvc.embedding import Embedder
+from memsvc.retrieval.fusion import Fused
 from memsvc.retrieval.leg_policy import lexical_suffices
-from memsvc.retrieval.query import Hit, ItemKind
+from memsvc.retrieval.query import Hit, ItemKind, Mode, RecallQuery
+from memsvc.retrieval.ranking import Ranked
+from memsvc.retrieval.recall import keep_relevant
 from memsvc.storage.model import Scope
 from memsvc.v1 import memory_pb2 as pb
 from tests.conftest import Caller
@@ -126,3 +130,46 @@ async def test_the_dense_leg_is_waited_for_when_it_is_needed_or_asked_for(
     [vector] = await embedder.embed(["ramen dinner"])
     given = await _recall(caller, "ramen dinner", 0.35, query_vector=[float(x) for x in vector])
     assert list(given.skipped_legs) == [] and any(i.dense_rank > 0 for i in given.items)
+
+
+async def test_a_skipped_leg_leaves_no_trace_in_the_answer(
+    caller: Caller, pool: asyncpg.Pool, embedder: Embedder
+) -> None:
+    """Whether or not the embedding finished (here: cached by the first call), a skipped
+    dense leg changes nothing: relevance is the lexical coverage both times."""
+    await seed_messages(pool, embedder, dscope(caller), TEXTS)
+    first = await _recall(caller, "ramen dinner", 0.35)
+    again = await _recall(caller, "ramen dinner", 0.35)
+    for reply in (first, again):
+        assert "dense" in reply.skipped_legs
+        assert reply.items[0].id == "m0" and reply.items[0].relevance == pytest.approx(1.0)
+    assert [(i.id, i.relevance) for i in first.items] == [(i.id, i.relevance) for i in again.items]
+
+
+def _ranked(kind: ItemKind, coverage: float) -> Ranked:
+    item = hit(coverage)
+    item = replace(item, kind=kind)
+    return Ranked(Fused(item, 1.0, {"lexical": 1}), 1.0)
+
+
+def test_only_a_fact_or_message_opens_the_default_gate() -> None:
+    query = RecallQuery(
+        scope=Scope("t", "u", "", ""),
+        text="q",
+        vector=None,
+        top_k=5,
+        kinds=(ItemKind.FACT, ItemKind.EPISODE),
+        mode=Mode.HYBRID,
+        min_relevance=0.2,
+        min_relevance_episode=0.05,
+        relevance_gate=True,
+    )
+    weak_episode = [_ranked(ItemKind.EPISODE, 0.1), _ranked(ItemKind.FACT, 0.1)]
+    # Closed: each item needs its own minimum (the episode stays, the fact goes).
+    assert [r.fused.hit.kind for r in keep_relevant(query, weak_episode, None)] == [
+        ItemKind.EPISODE
+    ]
+    opened = [_ranked(ItemKind.FACT, 0.3), _ranked(ItemKind.FACT, 0.1)]
+    assert [r.relevance for r in keep_relevant(query, opened, None)] == pytest.approx([0.3, 0.1])
+    per_item = replace(query, relevance_gate=False)
+    assert [r.relevance for r in keep_relevant(per_item, opened, None)] == pytest.approx([0.3])

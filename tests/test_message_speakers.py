@@ -15,7 +15,7 @@ from memsvc.embedding import Embedder
 from memsvc.v1 import memory_pb2 as pb
 from tests.conftest import Caller
 from tests.read_helpers import pscope, recall
-from tests.test_import import export_lines, import_lines
+from tests.test_import import export_lines, import_error, import_lines
 
 DENSE, LEXICAL = pb.RECALL_MODE_DENSE, pb.RECALL_MODE_LEXICAL
 MESSAGE = pb.ITEM_TYPE_MESSAGE
@@ -140,3 +140,35 @@ async def test_export_and_import_keep_the_name(
     assert rows["m0"]["sender_name"] == "Caroline"
     [vector] = await embedder.embed(['Caroline said, "I adopted a puppy"'])
     assert np.allclose(rows["m0"]["embedding"].to_numpy(), vector, atol=1e-5)
+
+
+async def test_a_name_is_screened_like_the_text(caller: Caller, pool: asyncpg.Pool) -> None:
+    """The name is embedded and indexed with the text: personal data in it is redacted too."""
+    reply = await caller.stub.Ingest(
+        pb.IngestRequest(
+            scope=pscope("owner"),
+            session_id="s1",
+            messages=[turn(0, "hello there", "caller-x", "jane.doe@example.com")],
+            idempotency_key="k-pii",
+        )
+    )
+    assert reply.redacted == 1
+    rows = await stored(pool, caller.tenant_id)
+    assert "example.com" not in rows["m0"]["sender_name"]
+    assert rows["m0"]["sender_name"].startswith("[redacted")
+
+
+async def test_an_imported_name_with_control_characters_is_refused(
+    caller: Caller, drain: Callable[[], Awaitable[int]]
+) -> None:
+    await ingest(caller, [turn(0, "I adopted a puppy", "caller-x", "Caroline")])
+    assert await drain() >= 1
+    lines = await export_lines(caller.stub, pscope("owner"))
+    bad = [
+        line.replace('"sender_name":"Caroline"', '"sender_name":"Caro\\u0007line"')
+        for line in lines
+    ]
+    assert bad != lines
+    error = await import_error(caller.stub, pscope("copy"), bad)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "sender_name" in (error.details() or "")

@@ -108,6 +108,8 @@ class _Screened:
     topics: list[str]
     messages: list[str]
     core_blocks: list[str]
+    # The messages' sender_name, screened like their text.
+    sender_names: list[str] = field(default_factory=list)
 
 
 class ImportService:
@@ -159,8 +161,10 @@ class ImportService:
             units = await message_sql.units(
                 conn,
                 [
-                    (m.sender_name, m.sender_id, text)
-                    for (_, m), text in zip(parsed.messages, texts.messages, strict=True)
+                    (name, m.sender_id, text)
+                    for (_, m), text, name in zip(
+                        parsed.messages, texts.messages, texts.sender_names, strict=True
+                    )
                 ],
             )
         # No connection held while the model runs.
@@ -174,7 +178,9 @@ class ImportService:
             await writer.memories(parsed.memories, texts.memories, vectors["memory"])
             await writer.episodes(parsed.episodes, texts.episodes, vectors["episode"])
             await writer.topics(parsed.topics, texts.topics, vectors["topic"])
-            await writer.messages(parsed.messages, texts.messages, vectors["message"])
+            await writer.messages(
+                parsed.messages, texts.messages, vectors["message"], texts.sender_names
+            )
             await writer.links(parsed)
             await writer.core_blocks(parsed.core_blocks, texts.core_blocks)
             await versions.bump_version(conn, target.tenant_id, target.user_id)
@@ -236,6 +242,7 @@ class ImportService:
         ]
         topics = [history(t.name) for _, t in parsed.topics]
         messages = [history(m.text) for _, m in parsed.messages]
+        sender_names = [history(m.sender_name) if m.sender_name else "" for _, m in parsed.messages]
         core_blocks: list[str] = []
         for number, b in parsed.core_blocks:
             # As a core memory: the block is always shown, so it never keeps screened data.
@@ -244,7 +251,7 @@ class ImportService:
             guard.refuse(f"line {number}: core_block.text", screened)
             core_blocks.append(screened.text)
         guard.record("import", found)
-        return _Screened(memories, episodes, topics, messages, core_blocks)
+        return _Screened(memories, episodes, topics, messages, core_blocks, sender_names)
 
     async def _fresh(self, conn: Any, target: Scope, keys: Mapping[str, list[Any]]) -> set[object]:
         """The (kind, key) of every record not stored yet: only those are embedded."""
@@ -550,6 +557,7 @@ class _Writer:
         records: Sequence[tuple[int, MessageLine]],
         texts: Sequence[str],
         vectors: Sequence[np.ndarray | None],
+        sender_names: Sequence[str],
     ) -> None:
         if not records:
             return
@@ -571,7 +579,7 @@ class _Writer:
                 ],
             ),
             Column("sender_id", "text", [m.sender_id for m in ms]),
-            Column("sender_name", "text", [m.sender_name for m in ms]),
+            Column("sender_name", "text", list(sender_names)),
             Column("role", "text", [m.role for m in ms]),
             Column("text", "text", list(texts)),
             Column("sent_at", "timestamptz", [m.sent_at for m in ms]),

@@ -135,8 +135,9 @@ class MessageLine(_Record):
     session_id: str = Field(min_length=1)
     message_id: str = Field(min_length=1)
     sender_id: str = Field(min_length=1)
-    # Exports written before sender_name existed have none.
-    sender_name: str = Field(default="", max_length=128)
+    # Exports written before sender_name existed have none. As Ingest takes it: printable,
+    # surrounding blanks dropped.
+    sender_name: str = Field(default="", max_length=128, pattern=r"^[^\x00-\x1f\x7f]*$")
     role: Literal["user", "assistant", "system", "tool"]
     text: Text = Field(min_length=1)
     sent_at: Time

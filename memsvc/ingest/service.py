@@ -81,14 +81,22 @@ class IngestService:
         is never refused: a rejected kind is redacted (``may_reject=False``)."""
         texts = [m.text for m in command.messages]
         screened = [self._guard.screen(t, policy, may_reject=False) for t in texts]
+        # A name is embedded and indexed with the text (the message's unit): screened alike.
+        names = [
+            self._guard.screen(m.sender_name, policy, may_reject=False) if m.sender_name else None
+            for m in command.messages
+        ]
         goals = [self._guard.screen(g, policy, may_reject=False) for g in command.goals]
-        self._guard.record("ingest", screened + goals)
-        changed = sum(s.text != t for s, t in zip(screened, texts, strict=True))
+        self._guard.record("ingest", screened + goals + [n for n in names if n is not None])
+        changed = sum(
+            s.text != m.text or (n is not None and n.text != m.sender_name)
+            for s, n, m in zip(screened, names, command.messages, strict=True)
+        )
         if not changed and all(s.text == g for s, g in zip(goals, command.goals, strict=True)):
             return command, 0
         messages = tuple(
-            m if s.text == m.text else replace(m, text=s.text)
-            for m, s in zip(command.messages, screened, strict=True)
+            replace(m, text=s.text, sender_name=m.sender_name if n is None else n.text)
+            for m, s, n in zip(command.messages, screened, names, strict=True)
         )
         return replace(command, messages=messages, goals=tuple(s.text for s in goals)), changed
 

@@ -1514,10 +1514,11 @@ class RecallFilters(_message.Message):
     min_score: _builtins.float
     """Minimum relevance (RecallItem.relevance, 0..1) of each returned item. Unset: the server's
     calibrated default (MEMSVC_RECALL_MIN_RELEVANCE, episodes
-    MEMSVC_RECALL_MIN_RELEVANCE_EPISODE) applies to the answer as a whole: it is empty when
-    none of its 10 best items reaches it (a question about something never stored returns no
-    items rather than noise), and otherwise comes back as ranked, top_k items. 0: no minimum.
-    Outside 0..1: INVALID_ARGUMENT.
+    MEMSVC_RECALL_MIN_RELEVANCE_EPISODE) applies to the answer as a whole: when a fact or
+    message among its 10 best items reaches MEMSVC_RECALL_MIN_RELEVANCE, it comes back as
+    ranked (top_k items); otherwise each item needs its kind's minimum, so a question about
+    something never stored returns no items rather than noise. 0: no minimum. Outside 0..1:
+    INVALID_ARGUMENT.
     """
     @_builtins.property
     def categories(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -1781,6 +1782,7 @@ class Message(_message.Message):
     so a question that names the person finds what they said. When empty, a sender_id made of
     letters only ("Caroline", "mary-jane") is taken as the name; an id with digits or other
     signs ("u_81f3", "alice@example.com") is not, and the message is indexed as its text alone.
+    Screened by the tenant's PII policy like the text (counted in IngestResponse.redacted).
     """
     @_builtins.property
     def sent_at(self) -> _timestamp_pb2.Timestamp:
