@@ -19,7 +19,7 @@ import time
 import numpy as np
 from tokenizers import Tokenizer
 
-from bench.harness import RESULTS_DIR
+from bench.harness import result_paths
 from bench.provenance import provenance
 from memsvc.embedding.assets import default_tokenizer_path
 from memsvc.embedding.onnx_minilm import OnnxMiniLMEmbedder
@@ -84,8 +84,7 @@ def main() -> None:
     where = provenance()
     print(f"{where['cpu']} · commit {where['commit']}")
     results = asyncio.run(measure(args.runs))
-    RESULTS_DIR.mkdir(exist_ok=True)
-    out = RESULTS_DIR / f"embedding-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out, _ = result_paths("embedding")
     out.write_text(
         json.dumps({"provenance": where, "runs": args.runs, "results": results}, indent=2)
     )

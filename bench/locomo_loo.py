@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import itertools
 import json
-import time
 from dataclasses import dataclass
 from datetime import UTC
 from pathlib import Path
@@ -28,8 +27,9 @@ from typing import Any
 import grpc
 import numpy as np
 
-from bench.harness import RESULTS_DIR, Target, embedded_stack, memsvc_server
+from bench.harness import Target, embedded_stack, memsvc_server, result_paths
 from bench.locomo_eval import CATEGORIES, DEFAULT_DATA, ingest_all, recall_at, wait_done
+from bench.provenance import provenance
 from memsvc.config import Settings
 from memsvc.retrieval.fusion import rrf
 from memsvc.retrieval.query import Hit, ItemKind
@@ -183,11 +183,11 @@ def main() -> None:
         f"left-one-out mean {loo_mean:.1f} (spread {min(spread):.1f}..{max(spread):.1f});"
         f" in-split best {overall[best]:.1f}; production {overall[production]:.1f}"
     )
-    RESULTS_DIR.mkdir(exist_ok=True)
-    out = RESULTS_DIR / f"locomo-loo-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out, _ = result_paths("locomo-loo")
     out.write_text(
         json.dumps(
             {
+                "provenance": provenance(),
                 "grid": GRID,
                 "production": combos[production],
                 "production_r10": round(float(overall[production]), 1),

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import uuid
 from dataclasses import replace
-from datetime import UTC, datetime
 
 import asyncpg
 import pytest
@@ -22,6 +21,7 @@ from memsvc.storage.model import Scope
 from memsvc.v1 import memory_pb2 as pb
 from tests.conftest import Caller
 from tests.read_helpers import dscope, pscope, seed_messages
+from tests.test_read_units import hit as read_unit_hit
 
 MESSAGE = pb.ITEM_TYPE_MESSAGE
 TEXTS = [
@@ -31,19 +31,9 @@ TEXTS = [
 ]
 
 
-def hit(coverage: float | None) -> Hit:
-    return Hit(
-        kind=ItemKind.MESSAGE,
-        id=uuid.uuid4().hex,
-        text="t",
-        session_id="s",
-        occurred_at=datetime.now(UTC),
-        scope=Scope("t", "u", "", ""),
-        shared_all_agents=False,
-        shared_all_personas=False,
-        score=1.0,
-        coverage=coverage,
-    )
+def hit(coverage: float | None, kind: ItemKind = ItemKind.MESSAGE) -> Hit:
+    """A lexical hit whose query-word coverage is ``coverage`` (tests.test_read_units.hit)."""
+    return replace(read_unit_hit(uuid.uuid4().hex, kind=kind), coverage=coverage)
 
 
 def test_only_a_best_hit_holding_every_word_suffices() -> None:
@@ -147,9 +137,7 @@ async def test_a_skipped_leg_leaves_no_trace_in_the_answer(
 
 
 def _ranked(kind: ItemKind, coverage: float) -> Ranked:
-    item = hit(coverage)
-    item = replace(item, kind=kind)
-    return Ranked(Fused(item, 1.0, {"lexical": 1}), 1.0)
+    return Ranked(Fused(hit(coverage, kind), 1.0, {"lexical": 1}), 1.0)
 
 
 def test_only_a_fact_or_message_opens_the_default_gate() -> None:
