@@ -17,6 +17,7 @@ from memsvc.governance.policy import PII_KINDS, PolicyError, TenantPolicies, par
 from memsvc.observability import gc_pauses, log_format
 from memsvc.observability.metrics_http import MetricsEndpoint
 from memsvc.server.app import MemsvcServer, serve_until_signalled
+from memsvc.server.processes import ServingProcesses
 from memsvc.server.runtime import Runtime, pii_defaults
 from memsvc.storage import api_keys, tenant_settings
 from memsvc.storage.migrate import migrate
@@ -29,6 +30,12 @@ _AUTH_OFF_BANNER = """
 !! For local development only. Use `memsvc serve` with API keys in production.
 !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!
 """
+
+
+_PROCESSES_HELP = (
+    "serving processes sharing the port (default 1, MEMSVC_PROCESSES); the first also runs "
+    "the workers"
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -50,12 +57,14 @@ def _parser() -> argparse.ArgumentParser:
     dev.add_argument(
         "--auth", action="store_true", help="require API keys in dev too (default: off)"
     )
+    dev.add_argument("--processes", type=int, help=_PROCESSES_HELP)
 
     serve = sub.add_parser(
         "serve", help="production mode against MEMSVC_PG_DSN and MEMSVC_REDIS_URL"
     )
     serve.add_argument("--port", type=int)
     serve.add_argument("--host")
+    serve.add_argument("--processes", type=int, help=_PROCESSES_HELP)
 
     worker = sub.add_parser(
         "worker", help="run only the extraction workers against MEMSVC_PG_DSN / MEMSVC_REDIS_URL"
@@ -130,24 +139,35 @@ def _require_external(settings: Settings) -> None:
         raise ConfigError(f"{' and '.join(missing)} must be set (or use `memsvc dev`)")
 
 
-async def _run_dev(settings: Settings, args: argparse.Namespace) -> None:
+def _run_dev(settings: Settings, log_level: str) -> int:
     from memsvc.embedded import EmbeddedStack
 
     data_dir = settings.data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     stack = EmbeddedStack(data_dir)
     log.info("starting embedded PostgreSQL and valkey under %s", data_dir)
-    dsn, url = await asyncio.to_thread(stack.start)
+    dsn, url = stack.start()
     try:
         settings = settings.with_overrides(pg_dsn=dsn, redis_url=url)
         if not settings.auth_enabled:
             sys.stderr.write(_AUTH_OFF_BANNER.format(tenant=settings.default_tenant))
         # Unless the port was chosen, a second dev instance serves metrics on a free port.
         explicit = "MEMSVC_METRICS_PORT" in os.environ
-        await serve_until_signalled(MemsvcServer(settings, metrics_any_port_if_taken=not explicit))
+        return _serve(settings, log_level, metrics_any_port_if_taken=not explicit)
     finally:
         log.info("stopping embedded servers")
-        await asyncio.to_thread(stack.stop)
+        stack.stop()
+
+
+def _serve(settings: Settings, log_level: str, *, metrics_any_port_if_taken: bool) -> int:
+    """One serving process here, or MEMSVC_PROCESSES of them under this one."""
+    if settings.processes > 1:
+        return ServingProcesses(
+            settings, log_level=log_level, metrics_any_port_if_taken=metrics_any_port_if_taken
+        ).run()
+    server = MemsvcServer(settings, metrics_any_port_if_taken=metrics_any_port_if_taken)
+    asyncio.run(serve_until_signalled(server))
+    return 0
 
 
 async def _run_worker(settings: Settings, once: bool) -> None:
@@ -279,12 +299,17 @@ def main(argv: list[str] | None = None) -> int:
                 grpc_host=args.host,
                 data_dir=args.data_dir,
                 auth_enabled=auth,
+                processes=args.processes,
             )
-            asyncio.run(_run_dev(settings, args))
+            settings.validate()
+            return _run_dev(settings, args.log_level)
         elif args.command == "serve":
-            settings = settings.with_overrides(grpc_port=args.port, grpc_host=args.host)
+            settings = settings.with_overrides(
+                grpc_port=args.port, grpc_host=args.host, processes=args.processes
+            )
+            settings.validate()
             _require_external(settings)
-            asyncio.run(serve_until_signalled(MemsvcServer(settings)))
+            return _serve(settings, args.log_level, metrics_any_port_if_taken=False)
         elif args.command == "worker":
             _require_external(settings)
             asyncio.run(_run_worker(settings, args.once))

@@ -17,6 +17,9 @@ ENV_PREFIX = "MEMSVC_"
 # Background work (workers, reconcile, expiry) waits this long for a pooled connection; the
 # default of MEMSVC_WORKER_ACQUIRE_TIMEOUT_MS and of the settings objects built without one.
 WORKER_ACQUIRE_TIMEOUT_S = 10.0
+# Serving processes of one `memsvc serve`: each holds its own pools, so more than a machine's
+# cores only adds PostgreSQL connections and memory.
+MAX_PROCESSES = 64
 
 # Hand-written for now: pydantic-settings (pydantic is already installed, through spaCy)
 # would replace these parsers and the per-field variable derivation; kept until Settings,
@@ -242,6 +245,11 @@ class Settings:
     )
     max_facts_per_episode: int = setting(50, "extracted facts per speaker and job")
     daily_fact_quota: int = setting(200, "new extracted memories per user per day")
+    processes: int = setting(
+        1,
+        "serving processes on the gRPC port (`serve`/`dev --processes`): each has its own "
+        "pools and embedder; the first also runs the workers and the packet warmer",
+    )
     run_workers: bool = setting(True, "run extraction workers inside `serve`/`dev`")
     worker_concurrency: int = setting(2, "extraction jobs at once per process")
     worker_lease_s: float = setting(120.0, "lease of a job a worker took")
@@ -551,6 +559,8 @@ class Settings:
             re.compile(self.user_id_pattern)
         except re.error as exc:
             raise ConfigError(f"MEMSVC_USER_ID_PATTERN: not a regular expression ({exc})") from None
+        if not 1 <= self.processes <= MAX_PROCESSES:
+            raise ConfigError(f"MEMSVC_PROCESSES must be within 1..{MAX_PROCESSES}")
         if self.pg_pool_min > self.pg_pool_max:
             raise ConfigError("MEMSVC_PG_POOL_MIN must not exceed MEMSVC_PG_POOL_MAX")
         if self.rrf_k < 1:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import Callable
 from typing import Self
 
 import asyncpg
@@ -46,8 +47,12 @@ class MemsvcServer:
         extractor: Extractor | None = None,
         with_worker: bool | None = None,
         metrics_any_port_if_taken: bool = False,
+        reuse_port: bool = False,
     ) -> None:
+        """``reuse_port``: bind with SO_REUSEPORT, sharing the port with the other serving
+        processes (server/processes.py); off, a second server on a taken port fails."""
         self.settings = settings
+        self._reuse_port = reuse_port
         self._metrics_any_port = metrics_any_port_if_taken
         self._metrics = MetricsEndpoint()
         self.runtime = Runtime(
@@ -104,7 +109,7 @@ class MemsvcServer:
                         TRANSPORT_REQUEST_FACTOR * settings.max_request_bytes,
                     ),
                     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                    ("grpc.so_reuseport", 0),
+                    ("grpc.so_reuseport", int(self._reuse_port)),
                     # Gateways keep one connection warm between calls with keepalive pings
                     # (memsvc.client pings every 30 s); the default (one per 5 min without a
                     # call) would answer them with GOAWAY too_many_pings.
@@ -174,14 +179,22 @@ class MemsvcServer:
         await self.stop()
 
 
-async def serve_until_signalled(server: MemsvcServer) -> None:
-    """Serve until SIGINT or SIGTERM, then shut down gracefully."""
+async def serve_until_signalled(
+    server: MemsvcServer,
+    *,
+    on_serving: Callable[[], None] | None = None,
+    signals: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM),
+) -> None:
+    """Serve until one of ``signals``, then shut down gracefully; ``on_serving`` is called
+    once the port answers."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in signals:
         loop.add_signal_handler(sig, stop.set)
     try:
         await server.start()
+        if on_serving is not None:
+            on_serving()
         settings = server.settings
         log.info(
             "memsvc serving gRPC (%s) on %s:%d",
@@ -196,5 +209,5 @@ async def serve_until_signalled(server: MemsvcServer) -> None:
         log.info("shutting down (grace %.1fs)", server.settings.shutdown_grace_s)
     finally:
         await server.stop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in signals:
             loop.remove_signal_handler(sig)
