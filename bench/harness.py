@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 import os
@@ -46,12 +47,23 @@ class Target:
     api_key: str
     # The `memsvc serve` process (its RSS, for the soak).
     server_pid: int = 0
+    # The PostgreSQL and valkey servers (their CPU time, for bench/overload.py).
+    pg_pid: int = 0
+    valkey_pid: int = 0
 
 
 @contextmanager
-def served_stack(extra_env: dict[str, str] | None = None) -> Iterator[Target]:
+def served_stack(
+    extra_env: dict[str, str] | None = None,
+    *,
+    serve_args: tuple[str, ...] = (),
+    log_path: Path | None = None,
+) -> Iterator[Target]:
     """Embedded PostgreSQL + valkey, and `memsvc serve` against them in its own process."""
-    with embedded_stack() as stack, memsvc_server(stack, extra_env) as target:
+    with (
+        embedded_stack() as stack,
+        memsvc_server(stack, extra_env, serve_args=serve_args, log_path=log_path) as target,
+    ):
         yield target
 
 
@@ -71,14 +83,28 @@ def embedded_stack() -> Iterator[Target]:
         dsn, url = stack.start()
         try:
             api_key = asyncio.run(_create_key(dsn))
-            yield Target(0, dsn, url, api_key)
+            yield Target(
+                0,
+                dsn,
+                url,
+                api_key,
+                pg_pid=stack.postgres.pid or 0,
+                valkey_pid=stack.valkey.pid or 0,
+            )
         finally:
             stack.stop()
 
 
 @contextmanager
-def memsvc_server(stack: Target, extra_env: dict[str, str] | None = None) -> Iterator[Target]:
-    """`memsvc serve` in its own process against an embedded stack, stopped on exit."""
+def memsvc_server(
+    stack: Target,
+    extra_env: dict[str, str] | None = None,
+    *,
+    serve_args: tuple[str, ...] = (),
+    log_path: Path | None = None,
+) -> Iterator[Target]:
+    """`memsvc serve [serve_args]` in its own process against an embedded stack, stopped on
+    exit; its log (warnings and errors) goes to ``log_path`` when given."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSVC_")}
     env.update(
@@ -91,21 +117,24 @@ def memsvc_server(stack: Target, extra_env: dict[str, str] | None = None) -> Ite
         }
     )
     env.update(extra_env or {})
+    log_file = log_path.open("wb") if log_path is not None else None
     proc = subprocess.Popen(
-        [sys.executable, "-m", "memsvc", "--log-level", "WARNING", "serve"],
+        [sys.executable, "-m", "memsvc", "--log-level", "WARNING", "serve", *serve_args],
         env=env,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=log_file or subprocess.DEVNULL,
     )
     try:
         _wait_serving(port, proc)
-        yield Target(port, stack.pg_dsn, stack.redis_url, stack.api_key, server_pid=proc.pid)
+        yield dataclasses.replace(stack, port=port, server_pid=proc.pid)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
+        if log_file is not None:
+            log_file.close()
 
 
 async def _create_key(dsn: str) -> str:

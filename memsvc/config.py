@@ -295,6 +295,12 @@ class Settings:
     # Measured on the LoCoMo dev split (bench/locomo_eval.py --deadline-ms 200): the lexical
     # leg's best match held every word of 34% of the questions; answering those from the
     # lexical leg alone moved hybrid R@10 from 80.4 to 80.2 (per conversation -2.1..+0.9).
+    recall_embed_admit_share: float = setting(
+        0.5,
+        "on arrival, a Recall whose query embedding is expected to wait in the embedder's "
+        "queue longer than this share of its budget answers from the lexical leg alone "
+        "(`degraded`, missing `embed` and `dense`) instead of late",
+    )
     recall_lexical_enough_below_ms: int = setting(
         400,
         "Recall deadlines up to this long (voice) do not wait for the query embedding and "
@@ -626,6 +632,8 @@ class Settings:
                 raise ConfigError(f"{env_name(name)} must be at least 1")
         if not 1 <= self.default_page_size <= self.max_page_size:
             raise ConfigError("MEMSVC_DEFAULT_PAGE_SIZE must be within 1..MEMSVC_MAX_PAGE_SIZE")
+        if not 0 < self.recall_embed_admit_share <= 1:
+            raise ConfigError("MEMSVC_RECALL_EMBED_ADMIT_SHARE must be in (0, 1]")
         if self.recall_lexical_enough_below_ms < 0:
             raise ConfigError("MEMSVC_RECALL_LEXICAL_ENOUGH_BELOW_MS must be at least 0")
         if not 0.0 <= self.recall_min_relevance <= 1.0:

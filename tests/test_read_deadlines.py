@@ -19,6 +19,7 @@ import pytest
 
 from memsvc.concurrency.deadline import Budget
 from memsvc.config import Settings
+from memsvc.observability import metrics
 from memsvc.retrieval.dense import dense_sql
 from memsvc.retrieval.lexical import lexical_sql
 from memsvc.retrieval.query import DEFAULT_KINDS
@@ -354,3 +355,34 @@ async def test_a_started_server_has_its_read_statements_prepared_on_every_connec
     finally:
         for conn in conns:
             await pool.release(conn)
+
+
+async def test_a_busy_embedder_sends_a_new_recall_to_the_lexical_leg_at_once(
+    caller: Caller, start_server: StartServer
+) -> None:
+    # Each embedding takes 300 ms: three queries ahead of a new one are about a second of
+    # wait, more than half of its 1 s budget. It is not queued: it answers from the lexical
+    # leg alone, at once, saying what is missing and why (the metric's reason).
+    await seeded(caller)
+    _srv, channel = await start_server(slow_embedder_s=0.3)
+    stub = stub_for(channel, caller)
+    first = await stub.Recall(pb.RecallRequest(scope=pscope(), query="who is Maya"), timeout=5)
+    assert not first.degraded  # the embedder's cost is now known
+    ahead = [
+        asyncio.ensure_future(
+            stub.Recall(pb.RecallRequest(scope=pscope(), query=f"coffee question {i}"), timeout=5)
+        )
+        for i in range(3)
+    ]
+    await asyncio.sleep(0.05)
+    shed_before = metrics.RECALL_MISSING_LEGS.labels("embed", "overload")._value.get()
+    reply, elapsed = await timed(
+        stub.Recall(pb.RecallRequest(scope=pscope(), query="sugar in my coffee"), timeout=1.0)
+    )
+    assert reply.degraded and list(reply.missing_legs) == ["embed", "dense"]
+    assert reply.items[0].text == "Takes no sugar in coffee" and reply.items[0].dense_rank == 0
+    assert metrics.RECALL_MISSING_LEGS.labels("embed", "overload")._value.get() == shed_before + 1
+    # It did not wait for the embedder (the three ahead of it need about 0.9 s).
+    assert elapsed < 0.9
+    for done in await asyncio.gather(*ahead):
+        assert not done.degraded  # the queued ones were embedded within their 5 s

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -584,6 +585,66 @@ def test_reads_that_overlap_instead_of_queueing_are_not_shed() -> None:
             assert limit.in_flight == 4
 
 
+def test_a_read_that_degrades_by_itself_is_gated_on_its_cheapest_answer() -> None:
+    # Twenty reads were waiting for the embedder (500 ms each): the queue model alone would
+    # refuse a voice call, but its lexical-only answer takes 20 ms, and that fits.
+    clock = FakeClock()
+    limit = InFlightLimit(64, queue_share=0.4, clock=clock)
+    with contextlib.ExitStack() as done:
+        for _ in range(20):
+            done.enter_context(limit.slot(3.0))
+        clock.now += 0.5
+    with contextlib.ExitStack() as running:
+        for _ in range(20):
+            running.enter_context(limit.slot(3.0))
+        with pytest.raises(ResourceExhausted, match="ahead of it"), limit.slot(0.19):
+            pass
+        with limit.slot(0.19, floor_s=0.02):
+            assert limit.in_flight == 21
+        # Even the cheapest answer would not fit in 40 % of the budget: refused, saying so.
+        with (
+            pytest.raises(ResourceExhausted, match="even a degraded answer"),
+            limit.slot(0.19, floor_s=0.1),
+        ):
+            pass
+    # The fixed cap still holds.
+    tight = InFlightLimit(1)
+    with (
+        tight.slot(1.0, floor_s=0.0),
+        pytest.raises(ResourceExhausted, match="in flight"),
+        tight.slot(1.0, floor_s=0.0),
+    ):
+        pass
+
+
+async def test_leg_runner_retrieves_the_errors_of_legs_done_when_the_call_is_cancelled() -> None:
+    loop = asyncio.get_running_loop()
+    unretrieved: list[str] = []
+    loop.set_exception_handler(lambda _loop, ctx: unretrieved.append(str(ctx.get("message"))))
+    try:
+        runner = LegRunner()
+
+        async def fails() -> list[int]:
+            raise EmbeddingTimeout("refused")
+
+        async def hangs() -> list[int]:
+            await asyncio.sleep(30)
+            return []
+
+        call = asyncio.create_task(runner.run({"dense": fails(), "lexical": hangs()}, budget_s=5))
+        await asyncio.sleep(0.01)  # the failing leg is done, the other still runs
+        call.cancel()  # the caller went away (its deadline passed)
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        await runner.aclose()
+        del call
+        gc.collect()
+        await asyncio.sleep(0)
+        assert not [m for m in unretrieved if "never retrieved" in m], unretrieved
+    finally:
+        loop.set_exception_handler(None)
+
+
 def test_read_settings_from_env_and_validation() -> None:
     s = Settings.from_env(
         {
@@ -651,6 +712,21 @@ async def test_query_embedder_refuses_what_the_queue_cannot_serve_in_time() -> N
     await asyncio.gather(*queued)
     assert (await embedder.embed("first", timeout_s=0.0)) is not None  # cached: no wait
     assert len(await embedder.embed("fresh", timeout_s=1)) == 4
+
+
+async def test_query_embedder_says_on_arrival_whether_a_query_would_wait_too_long() -> None:
+    embedder = QueryEmbedder(_SerialSlowEmbedder(0.05), EmbeddingLRU(10))  # type: ignore[arg-type]
+    assert embedder.admits("anything", 0.0)  # no sample yet: nothing known to wait for
+    await embedder.embed("first", timeout_s=1)
+    queued = [asyncio.create_task(embedder.embed(f"q{i}", timeout_s=5)) for i in range(4)]
+    await asyncio.sleep(0)
+    assert not embedder.admits("new", 0.1)  # five ahead of it, 50 ms each
+    assert embedder.admits("new", 1.0)
+    assert embedder.admits("first", 0.0)  # cached: no queue to wait in
+    hits, misses = embedder._cache.hits, embedder._cache.misses
+    await asyncio.gather(*queued)
+    # Asking counts neither a hit nor a miss of the LRU.
+    assert (embedder._cache.hits, embedder._cache.misses) == (hits, misses)
 
 
 async def test_query_embedder_batches_queued_queries() -> None:

@@ -6,7 +6,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Callable, Collection, Coroutine, Mapping
+from collections.abc import Callable, Collection, Coroutine, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -101,8 +101,9 @@ class LegRunner:
             elif tasks:
                 await asyncio.wait(tasks.values(), timeout=wait_s)
         except asyncio.CancelledError:
-            # The call itself was cancelled: take every leg down with it, then re-raise.
-            self._abandon(t for t in tasks.values() if not t.done())
+            # The call itself was cancelled: take every leg down with it, then re-raise
+            # (legs already done too: their errors are retrieved there).
+            self._abandon(tasks.values())
             raise
         now = time.perf_counter()
         if any(not t.done() and name not in skipped for name, t in tasks.items()):
@@ -155,8 +156,13 @@ class LegRunner:
             pending = {task for task in pending if names[task] not in skipped}
         return skipped
 
-    def _abandon(self, tasks: Any) -> None:
+    def _abandon(self, tasks: Iterable[asyncio.Task[Any]]) -> None:
+        """Cancel ``tasks`` and hold them until they end; every error is retrieved (an error
+        nobody retrieves is logged by asyncio as "Task exception was never retrieved")."""
         for task in tasks:
+            if task.done():
+                self._reap(task)
+                continue
             task.cancel()
             self._stragglers.add(task)
             task.add_done_callback(self._reap)

@@ -80,7 +80,7 @@ RECALL_STAGE_SECONDS = Histogram(
 )
 RECALL_MISSING_LEGS = Counter(
     "memsvc_recall_missing_legs_total",
-    "Recall legs missing from an answer (reason: late, or failed)",
+    "Recall legs missing from an answer (reason: late, failed, or overload: not started)",
     ["leg", "reason"],
 )
 RECALL_DEGRADED = Counter("memsvc_recall_degraded_total", "Recall answers marked degraded")

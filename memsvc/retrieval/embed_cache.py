@@ -31,6 +31,10 @@ class EmbeddingLRU:
     def __len__(self) -> int:
         return len(self._items)
 
+    def __contains__(self, key: tuple[str, str]) -> bool:
+        """Whether (model_id, text) is held; counts neither a hit nor a miss."""
+        return key in self._items
+
     def get(self, model_id: str, text: str) -> Vector | None:
         key = (model_id, text)
         vector = self._items.get(key)
@@ -110,6 +114,15 @@ class QueryEmbedder:
             return 0.0
         return (len(self._queue) + self._running + 1) * self._per_text_s
 
+    def admits(self, text: str, within_s: float) -> bool:
+        """Whether ``text``'s vector can be had within ``within_s``: it is cached, or the
+        queue ahead of it is expected to clear in time. Decided on a call's arrival: a query
+        that would only wait for the model is better answered from the lexical leg at once
+        than embedded too late (and the model's time goes to queries that can use it)."""
+        if (self._embedder.model_id, text) in self._cache:
+            return True
+        return self.expected_wait_s() <= within_s
+
     async def embed(self, text: str, *, timeout_s: float) -> Vector:
         """The query's vector; EmbeddingTimeout past ``timeout_s`` (or at once when the queue
         says it would be), EmbeddingError when the model fails."""
@@ -132,6 +145,10 @@ class QueryEmbedder:
         finally:
             if not request.future.done():
                 request.future.cancel()
+            elif not request.future.cancelled():
+                # Failed just as this caller was cancelled: retrieve the error, or asyncio
+                # logs "Future exception was never retrieved".
+                request.future.exception()
             if request in self._queue:
                 self._queue.remove(request)
 

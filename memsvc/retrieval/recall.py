@@ -54,6 +54,9 @@ EMBED = "embed"
 # 80.4); off-topic questions answered with nothing: 63% -> 69% without names, 80% -> 82%
 # with them (measured with the gate of any kind; episodes no longer open it).
 RELEVANCE_GATE_ITEMS = 10
+# Candidates of the lexical leg when the dense leg was shed for overload: nothing is fused
+# with them, so a few past the relevance gate's window do (a tenth of the decoding).
+SHED_CANDIDATES = 3 * RELEVANCE_GATE_ITEMS
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,10 @@ class RecallConfig:
     # Budgets up to this long (voice) do not wait for the embedding and the dense leg when
     # the lexical leg suffices (leg_policy); 0: always wait.
     lexical_enough_below_s: float = 0.0
+    # On arrival, the query is embedded only when the embedder's queue is expected to clear
+    # within this share of the budget; otherwise the answer comes from the lexical leg alone
+    # (missing embed and dense, reason "overload"), at once instead of late.
+    embed_admit_share: float = 0.5
     # Query routing: the route's effects on the ordering (off: reported, but neutral).
     routing: bool = True
     trust_policy: trust.TrustPolicy = field(default_factory=trust.TrustPolicy)
@@ -88,6 +95,7 @@ class RecallConfig:
             half_life_days=settings.half_life_days,
             max_loop_lag_s=settings.reads_max_loop_lag_ms / 1000,
             lexical_enough_below_s=settings.recall_lexical_enough_below_ms / 1000,
+            embed_admit_share=settings.recall_embed_admit_share,
             routing=settings.routing,
             trust_policy=trust.policy_from(settings.confidence_half_life_days),
         )
@@ -127,6 +135,12 @@ class _DenseProgress:
 class RecallService:
     """Hybrid retrieval for one caller at a time; shares the pool, embedder and leg runner."""
 
+    # Weight of the newest lexical leg in the moving average behind floor_s().
+    FLOOR_ALPHA = 0.1
+    # Without new legs the average halves this often: a gate that refuses every read on it
+    # would otherwise never see the load fall.
+    FLOOR_HALF_LIFE_S = 0.1
+
     def __init__(
         self,
         pool: asyncpg.Pool,
@@ -143,6 +157,18 @@ class RecallService:
         self._config = config
         self._loop_lag = loop_lag
         self._references = references
+        self._lexical_s = 0.0
+        self._lexical_at = 0.0
+
+    def floor_s(self) -> float:
+        """About how long the cheapest answer (the lexical leg alone) takes now: the recent
+        lexical legs, which wait for the pool, the database and the event loop like any
+        read, plus the loop's current lateness. The read gate refuses a call only when even
+        this does not fit its budget (0 before the first leg)."""
+        lag_s = self._loop_lag.lag_s if self._loop_lag is not None else 0.0
+        age_s = time.monotonic() - self._lexical_at
+        decay: float = 0.5 ** (age_s / self.FLOOR_HALF_LIFE_S)
+        return self._lexical_s * decay + lag_s
 
     async def _dense(
         self, query: RecallQuery, budget: Budget, limit: int, progress: _DenseProgress
@@ -175,7 +201,9 @@ class RecallService:
                 filters=query.filters,
             )
 
-    async def _lexical(self, query: RecallQuery, budget: Budget, limit: int) -> list[Hit]:
+    async def _lexical(
+        self, query: RecallQuery, budget: Budget, limit: int, *, with_vectors: bool
+    ) -> list[Hit]:
         async with acquire(
             self._pool, budget, timeout_s=self._config.acquire_timeout_s, busy_is_late=True
         ) as conn:
@@ -190,7 +218,7 @@ class RecallService:
                 budget=budget,
                 filters=query.filters,
                 # Hybrid: the hits' embeddings, so a lexical-only hit gets a cosine relevance.
-                embedding_model=self._embedder.model_id if query.wants_dense else None,
+                embedding_model=self._embedder.model_id if with_vectors else None,
             )
 
     async def recall(self, query: RecallQuery, budget: Budget) -> RecallResult:
@@ -201,11 +229,26 @@ class RecallService:
         limit = max(self._config.candidates, query.top_k)
         progress = _DenseProgress()
         legs: dict[str, Coroutine[Any, Any, list[Hit]]] = {}
+        shed: tuple[str, ...] = ()
         # Fact-only filters leave no kind to search when facts were not asked for.
         if query.wants_dense and query.search_kinds:
-            legs[DENSE] = self._dense(query, budget, limit, progress)
+            if query.vector is None and not self._embedder.admits(
+                query.text, self._config.embed_admit_share * budget.remaining()
+            ):
+                # The embedder is busier than this budget allows: answer from the lexical
+                # leg alone now, rather than wait in its queue and answer late.
+                shed = (EMBED, DENSE)
+            else:
+                legs[DENSE] = self._dense(query, budget, limit, progress)
         if query.wants_lexical and query.search_kinds:
-            legs[LEXICAL] = self._lexical(query, budget, limit)
+            # Shed, the answer has no query vector: the hits' vectors would go unused, and
+            # fewer candidates do for one leg (it is the overloaded path: keep it cheap).
+            legs[LEXICAL] = self._lexical(
+                query,
+                budget,
+                max(SHED_CANDIDATES, query.top_k) if shed else limit,
+                with_vectors=query.wants_dense and not shed,
+            )
         # A voice-sized budget with a vector still to compute: the lexical leg may make it
         # unnecessary (then it is not used even if it finished first, so the same query
         # always gets the same answer).
@@ -230,8 +273,9 @@ class RecallService:
             skipped = (EMBED, DENSE) if not progress.embedded else (DENSE,)
             results = {name: r for name, r in results.items() if name != DENSE}
 
-        missing: list[str] = []
-        reasons: dict[str, str] = {}  # missing leg -> late or failed, for the metric
+        missing: list[str] = list(shed)
+        # missing leg -> late, failed or overload, for the metric
+        reasons: dict[str, str] = dict.fromkeys(shed, "overload")
         failures: list[BaseException] = []
         ranked_lists: dict[str, list[Hit]] = {}
         for name, result in results.items():
@@ -241,6 +285,11 @@ class RecallService:
                     timings.dense_ms = result.elapsed_ms - (progress.sql_started - started) * 1000
             else:
                 timings.lexical_ms = result.elapsed_ms
+                if result.ok or result.timed_out:  # a late leg says the floor rose
+                    self._lexical_s += self.FLOOR_ALPHA * (
+                        result.elapsed_ms / 1000 - self._lexical_s
+                    )
+                    self._lexical_at = time.monotonic()
             if result.ok:
                 assert result.value is not None
                 ranked_lists[name] = keep_visible(query.scope, result.value)

@@ -86,9 +86,16 @@ class InFlightLimit:
         return self._latency_s * (n + 1) / (self._ahead + 1)
 
     @contextmanager
-    def slot(self, budget_s: float | None = None) -> Iterator[None]:
+    def slot(
+        self, budget_s: float | None = None, *, floor_s: float | None = None
+    ) -> Iterator[None]:
         """Hold a slot for the block; ResourceExhausted at once when the cap is reached, or
-        when a read admitted now would not finish within ``queue_share`` of ``budget_s``."""
+        when a read admitted now would not finish within ``queue_share`` of ``budget_s``.
+
+        ``floor_s``: a read that degrades by itself (Recall answers from its lexical leg
+        alone when the embedder is busy) says how long its cheapest answer takes now; it is
+        refused only when that does not fit, instead of by the queue model, which counts the
+        reads waiting for the embedder as if each had to be waited for."""
         ahead = self._in_flight
         if ahead >= self._limit:
             metrics.READS_SHED.inc()
@@ -96,7 +103,16 @@ class InFlightLimit:
                 f"more than {self._limit} reads in flight on this server; retry shortly",
                 retry_after_s=IN_FLIGHT_RETRY_AFTER_S,
             )
-        if budget_s is not None and ahead:
+        if budget_s is not None and floor_s is not None:
+            if floor_s > self._queue_share * budget_s:
+                metrics.READS_SHED.inc()
+                raise ResourceExhausted(
+                    f"this server is busy: even a degraded answer would take about "
+                    f"{floor_s * 1000:.0f} ms now, too close to its deadline "
+                    f"({budget_s * 1000:.0f} ms left); retry shortly",
+                    retry_after_s=IN_FLIGHT_RETRY_AFTER_S,
+                )
+        elif budget_s is not None and ahead:
             expected_s = self.expected_s(ahead)
             if expected_s > self._queue_share * budget_s:
                 metrics.READS_SHED.inc()

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 from google.protobuf.message import DecodeError
+from grpc._cython import cygrpc  # type: ignore[attr-defined]
 
 from memsvc.errors import InvalidArgument
 from memsvc.observability import call_context, metrics
@@ -64,7 +65,9 @@ def final_code(exc: BaseException, context: Context) -> grpc.StatusCode:
     """The status the caller receives when the handler ended with ``exc``."""
     if isinstance(exc, grpc.aio.AbortError):
         return context.code() or grpc.StatusCode.UNKNOWN
-    if isinstance(exc, asyncio.CancelledError):
+    # cygrpc's InternalError (ExecuteBatchError): a status or message sent on a call that had
+    # already ended, its caller gone. grpc exports no public name for it.
+    if isinstance(exc, asyncio.CancelledError | cygrpc.InternalError):
         remaining = context.time_remaining()
         if remaining is not None and remaining <= 0:
             return grpc.StatusCode.DEADLINE_EXCEEDED
@@ -181,6 +184,10 @@ class ObservingInterceptor(_ServerInterceptor):
                 if isinstance(request, Unreadable):
                     await status.abort(context, InvalidArgument(request.message))
                 response = await behavior(request, context)
+                if context.done():
+                    # The caller is gone (its deadline passed, or it cancelled): sending
+                    # would only make grpc log an ExecuteBatchError.
+                    raise asyncio.CancelledError
             except BaseException as exc:
                 call.finish(final_code(exc, context))
                 raise

@@ -352,6 +352,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             lambda scope: validate_read.recall(request, scope, self._settings),
             serve,
             default_deadline_ms=self._settings.recall_default_deadline_ms,
+            floor=service.floor_s,
         )
 
     async def _read(
@@ -363,9 +364,11 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         serve: Callable[[Query, Budget], Awaitable[Reply]],
         *,
         default_deadline_ms: int,
+        floor: Callable[[], float] | None = None,
     ) -> Reply:
         """A read: the request validated whole (a bad one changes nothing), the user's pending
-        writes kicked, then served holding one read slot."""
+        writes kicked, then served holding one read slot (``floor``: how long the read's
+        cheapest, degraded answer takes now, for the gate)."""
 
         async def handle(tenant: str, budget: Budget) -> Reply:
             valid = validate.scope(
@@ -373,7 +376,8 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             )
             query = parse(valid)
             self._notify_read(valid)
-            with self._reads.slot(budget.remaining()):
+            floor_s = floor() if floor is not None else None
+            with self._reads.slot(budget.remaining(), floor_s=floor_s):
                 return await serve(query, budget)
 
         return await self._run(

@@ -7,6 +7,7 @@ plain `retry-after-ms` entry for clients without them.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from typing import NoReturn
 
@@ -40,6 +41,9 @@ def retry_trailers(code: grpc.StatusCode, message: str, retry_after_s: float) ->
 
 async def abort(context: grpc.aio.ServicerContext[object, object], error: MemsvcError) -> NoReturn:
     """End the call with ``error``, keeping trailers already set (the request id)."""
+    if context.done():
+        # The caller is gone: there is nobody to answer (and grpc would log the attempt).
+        raise asyncio.CancelledError
     if error.retry_after_s is None:
         await context.abort(error.code, error.message)
     else:
