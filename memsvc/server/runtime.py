@@ -7,8 +7,8 @@ from contextlib import AsyncExitStack
 from typing import Self
 
 import asyncpg
-import redis.asyncio as aioredis
 
+from memsvc.cache.client import CacheClient, CacheURLError
 from memsvc.cache.invalidation import PacketInvalidator
 from memsvc.cache.packets import PacketCache
 from memsvc.cache.warm_shapes import MAX_SHAPES as WARM_MAX_SHAPES
@@ -114,7 +114,7 @@ class Runtime:
     """Pool, cache client, embedder, extractor, services and (optionally) the outbox worker."""
 
     pool: asyncpg.Pool
-    redis: aioredis.Redis
+    redis: CacheClient
     embedder: Embedder
     extractor: Extractor
     invalidator: PacketInvalidator
@@ -179,11 +179,11 @@ class Runtime:
         assert settings.pg_dsn is not None and settings.redis_url is not None
         self.pool = await connect_and_migrate(settings)
         self._stack.push_async_callback(self.pool.close)
-        self.redis = aioredis.Redis.from_url(
-            settings.redis_url,
-            socket_timeout=settings.redis_timeout_ms / 1000,
-            socket_connect_timeout=settings.redis_timeout_ms / 1000,
-        )
+        # One server or a cluster, as the URL and the server say (cache/client.py).
+        try:
+            self.redis = CacheClient(settings.redis_url, timeout_s=settings.redis_timeout_ms / 1000)
+        except CacheURLError as exc:
+            raise ConfigError(f"MEMSVC_REDIS_URL: {exc}") from None
         self._stack.push_async_callback(self.redis.aclose)
 
     async def _build_plugins(self, settings: Settings) -> None:

@@ -9,7 +9,8 @@ call whose legs were blocked by a table lock was answered ``DEADLINE_EXCEEDED``.
 
 So before the port serves: a Redis ping opens the cache's connection (outside the cache's
 failure breaker: a first GET that also has to connect can outlast the 50 ms Redis timeout on
-a busy start, and would then bypass the cache for the next second); every open pooled
+a busy start, and would then bypass the cache for the next second; it also finds out whether
+the server is a cluster node, and then reads the cluster's slot map); every open pooled
 connection runs both legs' statements for the default kinds once (which prepares them
 there); then one Recall and one Prefetch run end to end. All for a scope no caller can hold
 (reads only: nothing is found, nothing is written or cached).
@@ -29,8 +30,8 @@ import asyncpg
 import numpy as np
 import numpy.typing as npt
 from asyncpg.pool import PoolConnectionProxy
-from redis.asyncio import Redis
 
+from memsvc.cache.client import CacheClient
 from memsvc.concurrency.deadline import Budget
 from memsvc.prefetch.model import PrefetchQuery
 from memsvc.prefetch.service import PrefetchService
@@ -58,7 +59,7 @@ async def warm_read_path(
     prefetch: PrefetchService | None,
     *,
     pool: asyncpg.Pool,
-    redis: Redis | None,
+    redis: CacheClient | None,
     packet_chars: int,
     dimension: int,
 ) -> float:
@@ -66,8 +67,7 @@ async def warm_read_path(
     started = time.perf_counter()
     if redis is not None:
         try:
-            async with asyncio.timeout(REDIS_CONNECT_TIMEOUT_S):
-                await redis.ping()
+            await redis.run(lambda client: client.ping(), timeout_s=REDIS_CONNECT_TIMEOUT_S)
         except Exception as exc:  # the cache's own breaker deals with a Redis that is down
             log.warning("warming the cache connection failed: %s", type(exc).__name__)
     vector = np.zeros(dimension, dtype=np.float32)
