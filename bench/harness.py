@@ -58,22 +58,25 @@ def served_stack(
     *,
     serve_args: tuple[str, ...] = (),
     log_path: Path | None = None,
+    redis_cluster: bool = False,
 ) -> Iterator[Target]:
-    """Embedded PostgreSQL + valkey, and `memsvc serve` against them in its own process."""
+    """Embedded PostgreSQL + valkey (or a valkey cluster), and `memsvc serve` against them in
+    its own process."""
     with (
-        embedded_stack() as stack,
+        embedded_stack(redis_cluster=redis_cluster) as stack,
         memsvc_server(stack, extra_env, serve_args=serve_args, log_path=log_path) as target,
     ):
         yield target
 
 
 @contextmanager
-def embedded_stack() -> Iterator[Target]:
+def embedded_stack(*, redis_cluster: bool = False) -> Iterator[Target]:
     """Embedded PostgreSQL + valkey, migrated, with an API key; no memsvc yet (port 0).
+    ``redis_cluster``: the cache is a 3-master valkey cluster instead of one server.
 
     Several `memsvc_server`s can run against it one after the other (e.g. the same ingested
     data served with different settings)."""
-    from memsvc.embedded import EmbeddedStack
+    from memsvc.embedded import EmbeddedStack, EmbeddedValkeyCluster
 
     # `timeout` and Ctrl-C must still stop the child servers: turn SIGTERM into SystemExit so
     # the finally blocks below run.
@@ -81,7 +84,10 @@ def embedded_stack() -> Iterator[Target]:
     with tempfile.TemporaryDirectory(prefix="memsvc-bench-") as tmp:
         stack = EmbeddedStack(Path(tmp))
         dsn, url = stack.start()
+        cluster = EmbeddedValkeyCluster(Path(tmp) / "cluster") if redis_cluster else None
         try:
+            if cluster is not None:
+                url = cluster.start()
             api_key = asyncio.run(_create_key(dsn))
             yield Target(
                 0,
@@ -92,6 +98,8 @@ def embedded_stack() -> Iterator[Target]:
                 valkey_pid=stack.valkey.pid or 0,
             )
         finally:
+            if cluster is not None:
+                cluster.stop()
             stack.stop()
 
 

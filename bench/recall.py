@@ -50,6 +50,7 @@ import grpc
 import numpy as np
 import redis.asyncio as aioredis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from redis.asyncio.cluster import RedisCluster
 
 from bench import corpus
 from bench.harness import (
@@ -334,7 +335,11 @@ async def floor_phases(
     embedding and walk, then stores the packet. No gRPC, fusion, ranking or framing."""
     settings = Settings(pg_dsn=target.pg_dsn, redis_url=target.redis_url)
     pool = await connect_and_migrate(settings)
-    redis_client = aioredis.Redis.from_url(target.redis_url)
+    redis_client: aioredis.Redis | RedisCluster = (
+        RedisCluster.from_url(target.redis_url)
+        if args.redis_cluster
+        else aioredis.Redis.from_url(target.redis_url)
+    )
     embedder = OnnxMiniLMEmbedder(intra_op_threads=1)
     rng = random.Random(13)
     texts = iter(corpus.queries(400_000, seed=17))
@@ -509,13 +514,18 @@ def main() -> None:
         help="run only the overload phase at RATE calls/s (no floor, no plot)",
     )
     parser.add_argument("--overload-runs", type=int, default=1, help="with --overload-only")
+    parser.add_argument(
+        "--redis-cluster",
+        action="store_true",
+        help="the packet cache on a 3-master valkey cluster (the floor uses a cluster client)",
+    )
     args = parser.parse_args()
     metrics_port = free_port()
     server_env = dict(SERVER_ENV) | {"MEMSVC_METRICS_PORT": str(metrics_port)}
     for pair in args.server_env:
         name, _, value = pair.partition("=")
         server_env[name] = value
-    with served_stack(server_env) as target:
+    with served_stack(server_env, redis_cluster=args.redis_cluster) as target:
         seeded = asyncio.run(
             corpus.seed(
                 target.pg_dsn,
@@ -561,7 +571,8 @@ def main() -> None:
     for note in notes[2:]:
         print(note)
 
-    out, plot = result_paths("recall")
+    # Its own kind: bench/report.py shows the newest result of each.
+    out, plot = result_paths("valkey-cluster-recall" if args.redis_cluster else "recall")
     write_result(
         out,
         {
@@ -581,6 +592,7 @@ def main() -> None:
             "title": (
                 f"Recall and Prefetch, {args.rate:g} calls/s open loop, {args.count} calls a "
                 "phase; capacity and overload"
+                + ("; packet cache on a 3-master valkey cluster" if args.redis_cluster else "")
             ),
             "rows": [p.summary().as_dict() for p in phases + floors],
             "ratios": ratios,
