@@ -301,6 +301,11 @@ class Settings:
         "queue longer than this share of its budget answers from the lexical leg alone "
         "(`degraded`, missing `embed` and `dense`) instead of late",
     )
+    recall_answer_headroom: float = setting(
+        0.1,
+        "share of a Recall's budget its legs leave unused: a leg still running then is "
+        "stopped, so the answer has time to leave and reach the caller on a saturated machine",
+    )
     recall_lexical_enough_below_ms: int = setting(
         400,
         "Recall deadlines up to this long (voice) do not wait for the query embedding and "
@@ -634,6 +639,8 @@ class Settings:
             raise ConfigError("MEMSVC_DEFAULT_PAGE_SIZE must be within 1..MEMSVC_MAX_PAGE_SIZE")
         if not 0 < self.recall_embed_admit_share <= 1:
             raise ConfigError("MEMSVC_RECALL_EMBED_ADMIT_SHARE must be in (0, 1]")
+        if not 0 <= self.recall_answer_headroom <= 0.5:
+            raise ConfigError("MEMSVC_RECALL_ANSWER_HEADROOM must be within 0..0.5")
         if self.recall_lexical_enough_below_ms < 0:
             raise ConfigError("MEMSVC_RECALL_LEXICAL_ENOUGH_BELOW_MS must be at least 0")
         if not 0.0 <= self.recall_min_relevance <= 1.0:

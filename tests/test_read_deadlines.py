@@ -192,6 +192,7 @@ async def test_no_deadline_uses_the_configured_default(
     _srv, channel = await start_server(
         slow_stages_ms=dict((("dense", SLOW_S * 1000), ("lexical", SLOW_S * 1000))),
         recall_default_deadline_ms=300,
+        recall_answer_headroom=0.0,
     )
     reply, elapsed = await timed(
         stub_for(channel, caller).Recall(
@@ -199,6 +200,23 @@ async def test_no_deadline_uses_the_configured_default(
         )
     )
     assert reply.degraded and 0.25 < elapsed < 5.0
+
+
+async def test_legs_leave_the_answer_headroom_of_the_budget_unused(
+    caller: Caller, start_server: StartServer
+) -> None:
+    # Both legs would run for ever: with half the budget kept for the answer's way out, a
+    # 1 s call is answered after about half a second, not at its deadline.
+    query = await seeded(caller)
+    _srv, channel = await start_server(
+        slow_stages_ms=dict((("dense", SLOW_S * 1000), ("lexical", SLOW_S * 1000))),
+        recall_answer_headroom=0.5,
+    )
+    reply, elapsed = await timed(
+        stub_for(channel, caller).Recall(pb.RecallRequest(scope=pscope(), query=query), timeout=1)
+    )
+    assert reply.degraded and list(reply.missing_legs) == ["dense", "lexical"]
+    assert 0.4 < elapsed < 0.8
 
 
 async def test_overload_is_shed_with_resource_exhausted(

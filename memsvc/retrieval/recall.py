@@ -78,6 +78,10 @@ class RecallConfig:
     # within this share of the budget; otherwise the answer comes from the lexical leg alone
     # (missing embed and dense, reason "overload"), at once instead of late.
     embed_admit_share: float = 0.5
+    # Legs still running after all but this share of the budget are stopped: the answer then
+    # has that long to be fused, framed and sent, and on a saturated machine to wait for a
+    # core on its way out and in the caller's process.
+    answer_headroom: float = 0.1
     # Query routing: the route's effects on the ordering (off: reported, but neutral).
     routing: bool = True
     trust_policy: trust.TrustPolicy = field(default_factory=trust.TrustPolicy)
@@ -96,6 +100,7 @@ class RecallConfig:
             max_loop_lag_s=settings.reads_max_loop_lag_ms / 1000,
             lexical_enough_below_s=settings.recall_lexical_enough_below_ms / 1000,
             embed_admit_share=settings.recall_embed_admit_share,
+            answer_headroom=settings.recall_answer_headroom,
             routing=settings.routing,
             trust_policy=trust.policy_from(settings.confidence_half_life_days),
         )
@@ -260,7 +265,9 @@ class RecallService:
             and budget.remaining() <= self._config.lexical_enough_below_s
         )
         results = await self._runner.run(
-            legs, budget_s=budget.remaining(), settle=_dense_unneeded if policy else None
+            legs,
+            budget_s=budget.remaining() * (1.0 - self._config.answer_headroom),
+            settle=_dense_unneeded if policy else None,
         )
         skipped: tuple[str, ...] = ()
         lexical_result = results.get(LEXICAL)
