@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from memsvc.client import MemoryClient
 from memsvc.config import Settings
 from memsvc.server.processes import child_settings
 from memsvc.v1 import memory_pb2 as pb
@@ -98,6 +100,14 @@ def recall_over_connections(port: int, connections: int) -> None:
             assert not reply.items
 
 
+async def client_recalls(port: int, *, channels: int, calls: int) -> None:
+    async with MemoryClient(f"127.0.0.1:{port}", channels=channels) as client:
+        for i in range(calls):
+            request = pb.RecallRequest(scope=pb.Scope(user_id=f"c-{i}"), query="what do I like")
+            reply = await client.recall(request, timeout=10)
+            assert not reply.items
+
+
 def test_child_settings_put_the_background_work_in_the_first_child() -> None:
     settings = Settings(processes=3, metrics_port=9500, run_workers=True, prefetch_warm=True)
     first, second = child_settings(settings, 0, 7000), child_settings(settings, 1, 7000)
@@ -136,6 +146,12 @@ def test_processes_share_one_port_restart_and_stop_together(
         assert sum(per_child) == 24
         # The kernel spreads connections: 24 of them all landing on one child is 2**-23.
         assert min(per_child) > 0, per_child
+
+        # memsvc.client spreads its calls the same way once it holds several channels.
+        asyncio.run(client_recalls(port, channels=8, calls=16))
+        after = [recalls_handled(metrics_port), recalls_handled(metrics_port + 1)]
+        gained = [b - a for a, b in zip(per_child, after, strict=True)]
+        assert sum(gained) == 16 and min(gained) > 0, gained
 
         # A child that dies after serving is started again, and the port keeps answering.
         os.kill(servers[1], signal.SIGKILL)

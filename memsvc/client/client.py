@@ -1,5 +1,6 @@
-"""MemoryClient: one reused grpc.aio channel, API key and request id per call, deadline presets,
-retries only where they are safe, and ``ingest_nowait`` for turns that must not wait."""
+"""MemoryClient: reused grpc.aio channels (one by default), API key and request id per call,
+deadline presets, retries only where they are safe, and ``ingest_nowait`` for turns that must
+not wait."""
 
 # ASYNC109: ``timeout`` is not a local timer but the gRPC deadline the server reads and budgets
 # its own work by; asyncio.timeout around the call could not send it.
@@ -73,17 +74,31 @@ class MemoryClient:
         ingest_senders: int = 2,
         ingest_nowait_timeout_s: float = 5.0,
         on_ingest_failure: Callable[[IngestFailure], None] | None = None,
+        channels: int = 1,
     ) -> None:
-        options = channel_options(keepalive_time_ms, keepalive_timeout_ms)
-        if credentials is None:
-            self._channel = grpc.aio.insecure_channel(
-                target, options=options, interceptors=interceptors
-            )
-        else:
-            self._channel = grpc.aio.secure_channel(
-                target, credentials, options=options, interceptors=interceptors
-            )
-        self._stub = pb_grpc.MemoryServiceStub(self._channel)
+        """``channels``: connections to hold, calls taking them in turn. A server started
+        with ``--processes N`` spreads connections, not calls, over its processes: a client
+        reaches all of them only over several connections (N or more)."""
+        if channels < 1:
+            raise ValueError(f"channels must be >= 1, got {channels}")
+        options: list[tuple[str, int]] = channel_options(keepalive_time_ms, keepalive_timeout_ms)
+        if channels > 1:
+            # grpc shares one connection between channels to the same target with the same
+            # options (a global subchannel pool): each channel must keep its own.
+            options.append(("grpc.use_local_subchannel_pool", 1))
+        self._channels: list[grpc.aio.Channel] = []
+        for _ in range(channels):
+            if credentials is None:
+                channel = grpc.aio.insecure_channel(
+                    target, options=options, interceptors=interceptors
+                )
+            else:
+                channel = grpc.aio.secure_channel(
+                    target, credentials, options=options, interceptors=interceptors
+                )
+            self._channels.append(channel)
+        self._stubs = [pb_grpc.MemoryServiceStub(channel) for channel in self._channels]
+        self._turn = 0
         self._api_key = api_key
         self._default_preset = default_preset
         self._retry = retry or RetryPolicy()
@@ -103,6 +118,13 @@ class MemoryClient:
         await self.aclose()
 
     @property
+    def _stub(self) -> pb_grpc.MemoryServiceAsyncStub:
+        """The next channel's stub, in turn."""
+        stub = self._stubs[self._turn]
+        self._turn = (self._turn + 1) % len(self._stubs)
+        return stub
+
+    @property
     def ingest_stats(self) -> IngestQueueStats:
         """Counters of the ``ingest_nowait`` queue (submitted, sent, failed, overflowed...)."""
         return self._queue.stats
@@ -112,7 +134,7 @@ class MemoryClient:
         try:
             await self._queue.aclose(flush_timeout_s)
         finally:
-            await self._channel.close(None)
+            await asyncio.gather(*(channel.close(None) for channel in self._channels))
 
     # -- reads: retried on UNAVAILABLE / RESOURCE_EXHAUSTED ----------------------------------
 

@@ -292,7 +292,9 @@ class RecallService:
                     timings.dense_ms = result.elapsed_ms - (progress.sql_started - started) * 1000
             else:
                 timings.lexical_ms = result.elapsed_ms
-                if result.ok or result.timed_out:  # a late leg says the floor rose
+                # Finished legs only: one stopped at the budget (a slow database) still gave
+                # an answer in time, degraded and empty, which is not a reason to refuse.
+                if result.ok:
                     self._lexical_s += self.FLOOR_ALPHA * (
                         result.elapsed_ms / 1000 - self._lexical_s
                     )
