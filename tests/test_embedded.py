@@ -45,7 +45,7 @@ async def _execute(dsn: str, sql: str) -> None:
 
 async def test_postgres_has_pgvector_and_pg_trgm(stack: EmbeddedStack) -> None:
     dsn = stack.postgres.dsn
-    assert dsn == f"postgresql://postgres@127.0.0.1:{stack.postgres.port}/memsvc"
+    assert dsn == f"postgresql://postgres@127.0.0.1:{stack.postgres.port}/memsvc?sslmode=disable"
     conn = await asyncpg.connect(dsn, timeout=CONNECT_TIMEOUT_S)
     try:
         version = await conn.fetchval(
@@ -202,7 +202,7 @@ def test_port_is_unknown_before_start(tmp_path: Path) -> None:
     with pytest.raises(EmbeddedServerError):
         _ = EmbeddedValkey(tmp_path).url
     assert EmbeddedValkey(tmp_path).pid is None
-    assert EmbeddedPostgres(tmp_path, port=5999).dsn.endswith(":5999/memsvc")
+    assert EmbeddedPostgres(tmp_path, port=5999).dsn.endswith(":5999/memsvc?sslmode=disable")
 
 
 def test_missing_wheel_names_the_extra() -> None:

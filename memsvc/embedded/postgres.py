@@ -55,8 +55,16 @@ class EmbeddedPostgres(ServerSupervisor):
 
     @property
     def url(self) -> str:
-        """`postgresql://postgres@HOST:PORT/memsvc`."""
-        return f"postgresql://{SUPERUSER}@{url_host(self._host)}:{self.port}/{DATABASE}"
+        """`postgresql://postgres@HOST:PORT/memsvc?sslmode=disable`.
+
+        No TLS on the loopback: without ``sslmode`` asyncpg (``prefer``) opens every
+        connection, and every cancel request of a query stopped at its deadline, with an
+        SSLRequest round trip the server always refuses; and a connect abandoned during that
+        exchange leaves a future whose error nobody retrieves."""
+        return (
+            f"postgresql://{SUPERUSER}@{url_host(self._host)}:{self.port}/{DATABASE}"
+            "?sslmode=disable"
+        )
 
     @property
     def dsn(self) -> str:
