@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import os
 import re
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +109,15 @@ async def _phase(
     return await run_phase(client, name, call, rate, max(1, int(rate * seconds)), deadline_s)
 
 
+def server_codes(metrics_port: int, processes: int) -> Counter[str]:
+    """Recall answers by code, summed over the serving processes (process i serves metrics
+    on the port + i)."""
+    total: Counter[str] = Counter()
+    for i in range(processes):
+        total.update(server_recall_codes(metrics_port + i))
+    return total
+
+
 def ok_share(phase: Phase) -> float:
     """Answers in time (degraded ones included) over all calls."""
     counts = phase.outcome_counts()
@@ -116,7 +126,8 @@ def ok_share(phase: Phase) -> float:
 
 
 async def drive(target: Target, args: argparse.Namespace, metrics_port: int) -> dict[str, Any]:
-    client = Client(target, args.users, seed=23)
+    # Four connections per serving process: the kernel hands each to one of them.
+    client = Client(target, args.users, seed=23, channels=4 * args.processes)
     texts = iter(corpus.queries(400_000, seed=7))
 
     def recall_text(timeout_s: float) -> Call:
@@ -161,7 +172,7 @@ async def drive(target: Target, args: argparse.Namespace, metrics_port: int) -> 
         for factor in args.factors:
             await asyncio.sleep(3.0)
             rate = factor * max(capacity, 1.0)
-            before = server_recall_codes(metrics_port)
+            before = server_codes(metrics_port, args.processes)
             cpu_before = cpu_snapshot(target)
             phase = await _phase(
                 client,
@@ -172,7 +183,7 @@ async def drive(target: Target, args: argparse.Namespace, metrics_port: int) -> 
                 OVERLOAD_DEADLINE_S,
             )
             cpu = cpu_per_call_ms(cpu_before, cpu_snapshot(target), len(phase.outcomes))
-            server_side = server_recall_codes(metrics_port)
+            server_side = server_codes(metrics_port, args.processes)
             server_side.subtract(before)
             share = ok_share(phase)
             counts = phase.outcome_counts()
@@ -232,7 +243,8 @@ def main() -> None:
     for pair in args.server_env:
         name, _, value = pair.partition("=")
         server_env[name] = value
-    out, plot = result_paths("overload")
+    # One kind per process count: bench/report.py shows the newest result of each.
+    out, plot = result_paths(f"overload-p{args.processes}")
     log_path = out.with_suffix(".log")
     with served_stack(
         server_env, serve_args=("--processes", str(args.processes)), log_path=log_path

@@ -143,14 +143,27 @@ def filtered_since() -> datetime:
 class Client:
     """Calls against the served memsvc, each returning its outcome."""
 
-    def __init__(self, target: Target, users: int, seed: int) -> None:
-        self._channel = grpc.aio.insecure_channel(f"127.0.0.1:{target.port}")
-        self._stub = memory_pb2_grpc.MemoryServiceStub(self._channel)
-        self._health = health_pb2_grpc.HealthStub(self._channel)
+    def __init__(self, target: Target, users: int, seed: int, *, channels: int = 1) -> None:
+        """``channels``: connections the calls take in turn (a server with --processes
+        spreads connections, not calls; each channel keeps its own connection)."""
+        options = [("grpc.use_local_subchannel_pool", 1)] if channels > 1 else []
+        self._channels = [
+            grpc.aio.insecure_channel(f"127.0.0.1:{target.port}", options=options)
+            for _ in range(channels)
+        ]
+        self._stubs = [memory_pb2_grpc.MemoryServiceStub(c) for c in self._channels]
+        self._turn = 0
+        self._health = health_pb2_grpc.HealthStub(self._channels[0])
         self._metadata = (("x-api-key", target.api_key),)
         self._users = users
         self._rng = random.Random(seed)
         self.server_total_ms: list[float] = []
+
+    @property
+    def _stub(self) -> memory_pb2_grpc.MemoryServiceStub:
+        stub = self._stubs[self._turn]
+        self._turn = (self._turn + 1) % len(self._stubs)
+        return stub
 
     def user(self) -> str:
         return f"user-{self._rng.randrange(self._users):05d}"
@@ -179,7 +192,8 @@ class Client:
         return "ok"
 
     async def close(self) -> None:
-        await self._channel.close(None)
+        for channel in self._channels:
+            await channel.close(None)
 
 
 async def run_phase(

@@ -17,7 +17,17 @@ from typing import Any
 
 from bench.harness import RESULTS_DIR
 
-BENCHMARKS = ("remember", "ingest", "recall", "calls", "soak")
+BENCHMARKS = (
+    "remember",
+    "ingest",
+    "recall",
+    "calls",
+    "soak",
+    "overload-p1",
+    "overload-p2",
+    "scale",
+    "valkey-cluster-recall",
+)
 OUT = Path(__file__).parent / "RESULTS.md"
 
 PREAMBLE = """# Benchmark results
@@ -66,7 +76,7 @@ def section(path: Path) -> list[str]:
         + f" · `bench/results/{path.name}`",
         "",
     ]
-    if report["rows"]:
+    if report.get("rows"):
         lines += [
             "| phase | calls | errors | deadline | p50 | p95 | p99 | OK p50 | OK p95 | OK p99 "
             "| max |",
@@ -93,7 +103,7 @@ def section(path: Path) -> list[str]:
             ]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
-    if report["ratios"]:
+    if report.get("ratios"):
         lines += [
             "| service / floor (all calls) | p50 | p95 | p99 |",
             "|---|--:|--:|--:|",
@@ -104,8 +114,8 @@ def section(path: Path) -> list[str]:
                 f"| {_ratio(r['p99'])} |"
             )
         lines.append("")
-    lines += [f"- {note}" for note in report["notes"]]
-    if report["notes"]:
+    lines += [f"- {note}" for note in report.get("notes", [])]
+    if report.get("notes"):
         lines.append("")
     return lines
 
