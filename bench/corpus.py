@@ -11,6 +11,8 @@ several times faster than row-by-row index inserts); the schema is unchanged aft
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import hashlib
 import random
 import time
@@ -307,3 +309,26 @@ async def seed(
         distinct_message_texts=len(messages),
         index_build_s=index_build_s,
     )
+
+
+def add_arguments(
+    parser: argparse.ArgumentParser, *, users: int, memories_per_user: int, messages_per_user: int
+) -> None:
+    """The corpus's size flags, with a benchmark's defaults."""
+    parser.add_argument("--users", type=int, default=users)
+    parser.add_argument("--memories-per-user", type=int, default=memories_per_user)
+    parser.add_argument("--messages-per-user", type=int, default=messages_per_user)
+
+
+def seed_from_args(dsn: str, args: argparse.Namespace) -> Corpus:
+    """Seed the corpus the flags of ``add_arguments`` describe, and say what was seeded."""
+    seeded = asyncio.run(
+        seed(
+            dsn,
+            users=args.users,
+            memories_per_user=args.memories_per_user,
+            messages_per_user=args.messages_per_user,
+        )
+    )
+    print(f"corpus: {seeded}")
+    return seeded

@@ -219,9 +219,7 @@ def log_defects(path: Path) -> dict[str, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--users", type=int, default=1000)
-    parser.add_argument("--memories-per-user", type=int, default=100)
-    parser.add_argument("--messages-per-user", type=int, default=50)
+    corpus.add_arguments(parser, users=1000, memories_per_user=100, messages_per_user=50)
     parser.add_argument("--processes", type=int, default=1, help="memsvc serve --processes")
     parser.add_argument(
         "--workers", action="store_true", help="extraction workers in the serving processes"
@@ -249,15 +247,7 @@ def main() -> None:
     with served_stack(
         server_env, serve_args=("--processes", str(args.processes)), log_path=log_path
     ) as target:
-        seeded = asyncio.run(
-            corpus.seed(
-                target.pg_dsn,
-                users=args.users,
-                memories_per_user=args.memories_per_user,
-                messages_per_user=args.messages_per_user,
-            )
-        )
-        print(f"corpus: {seeded}")
+        seeded = corpus.seed_from_args(target.pg_dsn, args)
         found = asyncio.run(drive(target, args, metrics_port))
     defects = log_defects(log_path)
     print(f"server log {log_path}: {defects}")

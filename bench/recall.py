@@ -503,9 +503,7 @@ async def client_vectors(count: int) -> list[list[float]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--users", type=int, default=1000)
-    parser.add_argument("--memories-per-user", type=int, default=100)
-    parser.add_argument("--messages-per-user", type=int, default=50)
+    corpus.add_arguments(parser, users=1000, memories_per_user=100, messages_per_user=50)
     parser.add_argument("--rate", type=float, default=50.0, help="calls per second (open loop)")
     parser.add_argument("--count", type=int, default=1000, help="calls per phase")
     parser.add_argument(
@@ -540,15 +538,7 @@ def main() -> None:
         name, _, value = pair.partition("=")
         server_env[name] = value
     with served_stack(server_env, redis_cluster=args.redis_cluster) as target:
-        seeded = asyncio.run(
-            corpus.seed(
-                target.pg_dsn,
-                users=args.users,
-                memories_per_user=args.memories_per_user,
-                messages_per_user=args.messages_per_user,
-            )
-        )
-        print(f"corpus: {seeded}")
+        seeded = corpus.seed_from_args(target.pg_dsn, args)
         vectors = asyncio.run(client_vectors(500))
         phases, capacity = asyncio.run(grpc_phases(target, args, vectors, metrics_port))
         if args.overload_only:

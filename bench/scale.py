@@ -88,9 +88,7 @@ async def drive(target: Target, args: argparse.Namespace) -> list[Phase]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--users", type=int, default=10_000)
-    parser.add_argument("--memories-per-user", type=int, default=100)
-    parser.add_argument("--messages-per-user", type=int, default=10)
+    corpus.add_arguments(parser, users=10_000, memories_per_user=100, messages_per_user=10)
     parser.add_argument("--rate", type=float, default=50.0)
     parser.add_argument("--count", type=int, default=1500)
     parser.add_argument("--processes", type=int, default=1)
@@ -98,15 +96,7 @@ def main() -> None:
     server_env = {"MEMSVC_RUN_WORKERS": "false", "MEMSVC_METRICS_PORT": str(free_port())}
     out, plot = result_paths("scale")
     with served_stack(server_env, serve_args=("--processes", str(args.processes))) as target:
-        seeded = asyncio.run(
-            corpus.seed(
-                target.pg_dsn,
-                users=args.users,
-                memories_per_user=args.memories_per_user,
-                messages_per_user=args.messages_per_user,
-            )
-        )
-        print(f"corpus: {seeded}")
+        seeded = corpus.seed_from_args(target.pg_dsn, args)
         size = asyncio.run(database_size(target.pg_dsn))
         print(f"on disk: {size}")
         phases = asyncio.run(drive(target, args))

@@ -98,29 +98,21 @@ class InFlightLimit:
         reads waiting for the embedder as if each had to be waited for."""
         ahead = self._in_flight
         if ahead >= self._limit:
-            metrics.READS_SHED.inc()
-            raise ResourceExhausted(
-                f"more than {self._limit} reads in flight on this server; retry shortly",
-                retry_after_s=IN_FLIGHT_RETRY_AFTER_S,
-            )
+            raise _shed(f"more than {self._limit} reads in flight on this server")
         if budget_s is not None and floor_s is not None:
             if floor_s > self._queue_share * budget_s:
-                metrics.READS_SHED.inc()
-                raise ResourceExhausted(
+                raise _shed(
                     f"this server is busy: even a degraded answer would take about "
                     f"{floor_s * 1000:.0f} ms now, too close to its deadline "
-                    f"({budget_s * 1000:.0f} ms left); retry shortly",
-                    retry_after_s=IN_FLIGHT_RETRY_AFTER_S,
+                    f"({budget_s * 1000:.0f} ms left)"
                 )
         elif budget_s is not None and ahead:
             expected_s = self.expected_s(ahead)
             if expected_s > self._queue_share * budget_s:
-                metrics.READS_SHED.inc()
-                raise ResourceExhausted(
+                raise _shed(
                     f"this server is busy: a read admitted now would take about "
                     f"{expected_s * 1000:.0f} ms ({ahead} ahead of it), too close to its "
-                    f"deadline ({budget_s * 1000:.0f} ms left); retry shortly",
-                    retry_after_s=IN_FLIGHT_RETRY_AFTER_S,
+                    f"deadline ({budget_s * 1000:.0f} ms left)"
                 )
         started = self._clock()
         self._in_flight += 1
@@ -135,6 +127,12 @@ class InFlightLimit:
         self._seen = True
         self._latency_s += alpha * (took_s - self._latency_s)
         self._ahead += alpha * (ahead - self._ahead)
+
+
+def _shed(why: str) -> ResourceExhausted:
+    """A read refused at once (counted), with the retry hint."""
+    metrics.READS_SHED.inc()
+    return ResourceExhausted(f"{why}; retry shortly", retry_after_s=IN_FLIGHT_RETRY_AFTER_S)
 
 
 @dataclass(frozen=True)
