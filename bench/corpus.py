@@ -320,6 +320,34 @@ def add_arguments(
     parser.add_argument("--messages-per-user", type=int, default=messages_per_user)
 
 
+async def seeded_before(dsn: str) -> Corpus | None:
+    """The corpus a kept data folder holds already (bench/scale.py --data-dir), if any."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        counts = await conn.fetchrow(
+            "SELECT (SELECT count(DISTINCT user_id) FROM memories WHERE tenant_id = $1) AS users,"
+            " (SELECT count(*) FROM memories WHERE tenant_id = $1) AS memories,"
+            " (SELECT count(*) FROM messages WHERE tenant_id = $1) AS messages,"
+            " (SELECT count(*) FROM episodes WHERE tenant_id = $1) AS episodes,"
+            " (SELECT count(*) FROM topics WHERE tenant_id = $1) AS topics",
+            TENANT,
+        )
+    finally:
+        await conn.close()
+    if counts is None or not counts["memories"]:
+        return None
+    return Corpus(
+        users=counts["users"],
+        memories=counts["memories"],
+        messages=counts["messages"],
+        episodes=counts["episodes"],
+        topics=counts["topics"],
+        seconds=0.0,
+        distinct_fact_texts=0,
+        distinct_message_texts=0,
+    )
+
+
 def seed_from_args(dsn: str, args: argparse.Namespace) -> Corpus:
     """Seed the corpus the flags of ``add_arguments`` describe, and say what was seeded."""
     seeded = asyncio.run(

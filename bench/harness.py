@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import math
@@ -59,20 +60,25 @@ def served_stack(
     serve_args: tuple[str, ...] = (),
     log_path: Path | None = None,
     redis_cluster: bool = False,
+    data_dir: Path | None = None,
 ) -> Iterator[Target]:
     """Embedded PostgreSQL + valkey (or a valkey cluster), and `memsvc serve` against them in
     its own process."""
     with (
-        embedded_stack(redis_cluster=redis_cluster) as stack,
+        embedded_stack(redis_cluster=redis_cluster, data_dir=data_dir) as stack,
         memsvc_server(stack, extra_env, serve_args=serve_args, log_path=log_path) as target,
     ):
         yield target
 
 
 @contextmanager
-def embedded_stack(*, redis_cluster: bool = False) -> Iterator[Target]:
+def embedded_stack(
+    *, redis_cluster: bool = False, data_dir: Path | None = None
+) -> Iterator[Target]:
     """Embedded PostgreSQL + valkey, migrated, with an API key; no memsvc yet (port 0).
     ``redis_cluster``: the cache is a 3-master valkey cluster instead of one server.
+    ``data_dir``: their data is kept there (a large corpus seeded once serves many runs);
+    by default a temporary folder, removed after.
 
     Several `memsvc_server`s can run against it one after the other (e.g. the same ingested
     data served with different settings)."""
@@ -81,7 +87,12 @@ def embedded_stack(*, redis_cluster: bool = False) -> Iterator[Target]:
     # `timeout` and Ctrl-C must still stop the child servers: turn SIGTERM into SystemExit so
     # the finally blocks below run.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    with tempfile.TemporaryDirectory(prefix="memsvc-bench-") as tmp:
+    with contextlib.ExitStack() as folders:
+        if data_dir is None:
+            tmp = folders.enter_context(tempfile.TemporaryDirectory(prefix="memsvc-bench-"))
+        else:
+            data_dir.mkdir(parents=True, exist_ok=True)
+            tmp = str(data_dir)
         stack = EmbeddedStack(Path(tmp))
         dsn, url = stack.start()
         cluster = EmbeddedValkeyCluster(Path(tmp) / "cluster") if redis_cluster else None

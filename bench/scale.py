@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import random
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -92,11 +93,23 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=50.0)
     parser.add_argument("--count", type=int, default=1500)
     parser.add_argument("--processes", type=int, default=1)
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        help="keep the servers' data here: a later run with the same folder skips the seeding "
+        "(its seeding and index figures are then those of the run that seeded)",
+    )
     args = parser.parse_args()
     server_env = {"MEMSVC_RUN_WORKERS": "false", "MEMSVC_METRICS_PORT": str(free_port())}
     out, plot = result_paths("scale")
-    with served_stack(server_env, serve_args=("--processes", str(args.processes))) as target:
-        seeded = corpus.seed_from_args(target.pg_dsn, args)
+    with served_stack(
+        server_env, serve_args=("--processes", str(args.processes)), data_dir=args.data_dir
+    ) as target:
+        seeded = asyncio.run(corpus.seeded_before(target.pg_dsn)) if args.data_dir else None
+        if seeded is None:
+            seeded = corpus.seed_from_args(target.pg_dsn, args)
+        else:
+            print(f"corpus kept in {args.data_dir}: {seeded}")
         size = asyncio.run(database_size(target.pg_dsn))
         print(f"on disk: {size}")
         phases = asyncio.run(drive(target, args))
