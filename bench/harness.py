@@ -410,5 +410,8 @@ def write_result(path: Path, body: dict[str, Any], report: dict[str, Any]) -> No
     """The run's JSON with its provenance and ``report``: what bench/RESULTS.md shows of it
     (``title``; ``rows``: Summary dicts; ``ratios``: {phase, floor, p50, p95, p99, ok_p*};
     ``notes``: sentences)."""
-    path.write_text(json.dumps({"provenance": provenance(), "report": report, **body}, indent=2))
+    # default=str: paths and the like among the arguments.
+    path.write_text(
+        json.dumps({"provenance": provenance(), "report": report, **body}, indent=2, default=str)
+    )
     print(f"written {path}")
