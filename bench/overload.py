@@ -167,11 +167,15 @@ async def drive(target: Target, args: argparse.Namespace, metrics_port: int) -> 
                 elif summary.p99_ms > 4 * CAPACITY_P99_MS:
                     break  # far past saturation
         print(f"capacity: {capacity:g} Recalls/s (p99 <= {CAPACITY_P99_MS:g} ms, no error)")
+        if not capacity:
+            # Not even the lowest rate was served well: multiples of nothing say nothing.
+            print("no capacity found (a busy machine?): overload phases skipped")
+            return {"capacity_per_s": 0.0, "steps": steps, "overloads": [], "phases": []}
         overloads: list[dict[str, Any]] = []
         phases: list[Phase] = []
         for factor in args.factors:
             await asyncio.sleep(3.0)
-            rate = factor * max(capacity, 1.0)
+            rate = factor * capacity
             before = server_codes(metrics_port, args.processes)
             cpu_before = cpu_snapshot(target)
             phase = await _phase(
@@ -226,7 +230,9 @@ def main() -> None:
     )
     parser.add_argument("--factors", type=_rates, default=[2.0, 4.0, 8.0])
     parser.add_argument(
-        "--capacity-rates", type=_rates, default=[50.0, 75.0, 100.0, 125.0, 150.0, 200.0, 250.0]
+        "--capacity-rates",
+        type=_rates,
+        default=[25.0, 50.0, 75.0, 100.0, 125.0, 150.0, 200.0, 250.0],
     )
     parser.add_argument("--capacity", type=float, default=0.0, help="skip the climb")
     parser.add_argument("--seconds", type=float, default=10.0, help="length of each overload")
