@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 BENCH_STAMP := $(VENV)/.bench-installed-stamp
 PROTO_SRC := protos/memsvc/v1/memory.proto
 
-.PHONY: install run test lint proto bench soak locomo extraction-eval image clean
+.PHONY: install run test test-cluster lint proto bench soak locomo extraction-eval image clean
 
 $(STAMP): pyproject.toml requirements/spacy-model.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,17 @@ run: install
 ## The whole suite against real servers the test session starts (or MEMSVC_PG_DSN / MEMSVC_REDIS_URL).
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+## The Citus source test-cluster builds against the embedded PostgreSQL, once (cached under
+## ~/.cache/memsvc, or CITUS_BUILD_CACHE); or set CITUS_PG_BIN to the bin directory of an
+## installed PostgreSQL whose server has citus and pgvector. Neither: it fails and says so.
+CITUS_SOURCE ?= $(lastword $(sort $(wildcard ../shared/vendor/citus-*.tar.gz)))
+
+## memsvc on a Citus coordinator with two workers (tests/cluster; the session starts them, or
+## MEMSVC_CITUS_DSN names a running coordinator). `make test` never collects these.
+test-cluster: install
+	CITUS_SOURCE='$(CITUS_SOURCE)' $(BIN)/python -m memsvc.embedded.citus_build
+	CITUS_SOURCE='$(CITUS_SOURCE)' $(BIN)/python -m pytest tests/cluster $(PYTEST_ARGS)
 
 ## buf CLI pinned by tools/buf/package-lock.json, installed locally (never globally) with npm ci.
 BUF := tools/buf/node_modules/.bin/buf

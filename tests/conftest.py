@@ -22,6 +22,19 @@ from memsvc.server.app import MemsvcServer
 from memsvc.storage import api_keys
 from memsvc.v1 import memory_pb2_grpc
 
+_CLUSTER_TESTS = Path(__file__).resolve().parent / "cluster"
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """tests/cluster runs memsvc on a Citus cluster (make test-cluster): collected only when
+    the command line names it, never by the plain suite."""
+    if collection_path.resolve() != _CLUSTER_TESTS:
+        return None
+    named = (
+        (config.invocation_params.dir / str(arg).split("::", 1)[0]).resolve() for arg in config.args
+    )
+    return not any(path == _CLUSTER_TESTS or _CLUSTER_TESTS in path.parents for path in named)
+
 
 @pytest.fixture(scope="session")
 def backing_urls() -> Iterator[tuple[str, str]]:

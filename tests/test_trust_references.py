@@ -32,15 +32,26 @@ async def listed(caller: Caller) -> dict[str, pb.Memory]:
 
 
 async def age(pool: asyncpg.Pool, caller: Caller, memory_id: str, days: float) -> None:
-    """Pretend the memory was written (and valid since) ``days`` ago."""
+    """Pretend the memory was written (and valid since) ``days`` ago. The times are computed
+    here: Citus (tests/cluster runs these tests again) refuses timestamptz arithmetic on
+    columns in an UPDATE (the operator is STABLE)."""
     async with pool.acquire() as conn:
-        await conn.execute(
-            "UPDATE memories SET recorded_at = recorded_at - make_interval(secs => $3),"
-            " valid_from = valid_from - make_interval(secs => $3)"
+        row = await conn.fetchrow(
+            "SELECT user_id, recorded_at, valid_from FROM memories"
             " WHERE tenant_id = $1 AND memory_id = $2",
             caller.tenant_id,
             uuid.UUID(memory_id),
-            days * 86_400,
+        )
+        assert row is not None
+        back = timedelta(days=days)
+        await conn.execute(
+            "UPDATE memories SET recorded_at = $4, valid_from = $5"
+            " WHERE tenant_id = $1 AND user_id = $2 AND memory_id = $3",
+            caller.tenant_id,
+            row["user_id"],
+            uuid.UUID(memory_id),
+            row["recorded_at"] - back,
+            row["valid_from"] - back,
         )
 
 

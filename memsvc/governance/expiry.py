@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
 import asyncpg
@@ -29,7 +29,8 @@ import asyncpg
 from memsvc.cache.invalidation import PacketInvalidator
 from memsvc.config import WORKER_ACQUIRE_TIMEOUT_S
 from memsvc.observability import metrics
-from memsvc.storage import changes, retention
+from memsvc.storage import changes, citus, retention
+from memsvc.storage.retention import User
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,9 @@ class ExpiryTask:
         self._rng = random.Random()
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
+        # Whether batches go one user at a time (a Citus database: FOR UPDATE SKIP LOCKED only
+        # works in a single-shard statement there). Found out at the first pass.
+        self._by_user: bool | None = None
 
     # -- one pass ------------------------------------------------------------------------------
 
@@ -91,14 +95,20 @@ class ExpiryTask:
         """Delete everything expired now, batch after batch, until a batch comes back short."""
         report = ExpiryReport()
         limit = self._settings.batch
-        while await self._memory_batch(report) >= limit:
-            pass
-        while await self._episode_batch(report) >= limit:
-            pass
-        while await self._message_batch(report) >= limit:
-            pass
-        while await self._changes_batch(report) >= limit:
-            pass
+        if self._by_user is None:
+            async with self._acquire() as conn:
+                self._by_user = await citus.has_citus(conn)
+        if self._by_user:
+            await self._run_by_user(report)
+        else:
+            while await self._memory_batch(report) >= limit:
+                pass
+            while await self._episode_batch(report) >= limit:
+                pass
+            while await self._message_batch(report) >= limit:
+                pass
+            while await self._changes_batch(report) >= limit:
+                pass
         if report.total:
             log.info(
                 "expired %d memories, %d episodes, %d topics, %d messages in %d batches",
@@ -110,10 +120,44 @@ class ExpiryTask:
             )
         return report
 
-    async def _memory_batch(self, report: ExpiryReport) -> int:
+    async def _run_by_user(self, report: ExpiryReport) -> None:
+        """The same batches, one user at a time: a lock-free look for users with expired
+        rows (over every shard), then each user's batches as single-shard statements, until a
+        look finds nobody, or only users whose rows other workers hold."""
+        limit = self._settings.batch
+        kinds: list[tuple[Callable[[], Awaitable[list[User]]], Callable[..., Awaitable[int]]]] = [
+            (self._users_of("memories"), self._memory_batch),
+            (self._users_of("episodes"), self._episode_batch),
+            (self._users_of("messages"), self._message_batch),
+            (self._users_with_old_changes, self._changes_batch),
+        ]
+        for find, batch in kinds:
+            while users := await find():
+                progressed = False
+                for user in users:
+                    while (n := await batch(report, user=user)) >= limit:
+                        progressed = True
+                    progressed = progressed or n > 0
+                if not progressed:
+                    break
+
+    def _users_of(self, table: retention.ExpiringTable) -> Callable[[], Awaitable[list[User]]]:
+        async def find() -> list[User]:
+            async with self._acquire() as conn:
+                return await retention.users_with_expired(conn, table, self._settings.batch)
+
+        return find
+
+    async def _users_with_old_changes(self) -> list[User]:
+        async with self._acquire() as conn:
+            return await changes.users_to_prune(
+                conn, self._settings.changes_retention_s, self._settings.batch
+            )
+
+    async def _memory_batch(self, report: ExpiryReport, *, user: User | None = None) -> int:
         # One transaction: the change stream stamps these deletes with the new versions.
         async with self._acquire() as conn, conn.transaction():
-            scopes = await retention.expire_memories(conn, self._settings.batch)
+            scopes = await retention.expire_memories(conn, self._settings.batch, user=user)
             users = {(s.tenant_id, s.user_id) for s in scopes}
             await retention.bump_versions(conn, users)
         await self._invalidate(users)
@@ -122,10 +166,10 @@ class ExpiryTask:
         metrics.EXPIRED.labels("memory").inc(len(scopes))
         return len(scopes)
 
-    async def _episode_batch(self, report: ExpiryReport) -> int:
+    async def _episode_batch(self, report: ExpiryReport, *, user: User | None = None) -> int:
         topics = 0
         async with self._acquire() as conn:
-            scopes = await retention.expire_episodes(conn, self._settings.batch)
+            scopes = await retention.expire_episodes(conn, self._settings.batch, user=user)
             users = {(s.tenant_id, s.user_id) for s in scopes}
             for tenant_id, user_id in sorted(users):
                 async with conn.transaction():
@@ -139,12 +183,12 @@ class ExpiryTask:
         metrics.EXPIRED.labels("topic").inc(topics)
         return len(scopes)
 
-    async def _message_batch(self, report: ExpiryReport) -> int:
+    async def _message_batch(self, report: ExpiryReport, *, user: User | None = None) -> int:
         async with self._acquire() as conn:
-            deleted = await retention.expire_messages(conn, self._settings.batch)
+            deleted = await retention.expire_messages(conn, self._settings.batch, user=user)
             # Sessions wholly expired need no index: the next batches delete the rest.
             touched = list(dict.fromkeys(deleted))
-            for scope, session_id in await retention.live_sessions(conn, touched):
+            for scope, session_id in await retention.live_sessions(conn, touched, user=user):
                 try:
                     await retention.reindex_session(conn, scope, session_id)
                 except asyncpg.DeadlockDetectedError:
@@ -156,12 +200,12 @@ class ExpiryTask:
         metrics.EXPIRED.labels("message").inc(len(deleted))
         return len(deleted)
 
-    async def _changes_batch(self, report: ExpiryReport) -> int:
+    async def _changes_batch(self, report: ExpiryReport, *, user: User | None = None) -> int:
         """Change-stream entries older than MEMSVC_CHANGES_RETENTION_S (each user's pruned
         horizon is kept, so resuming below it is OUT_OF_RANGE, not a silent gap)."""
         async with self._acquire() as conn:
             pruned = await changes.prune(
-                conn, self._settings.changes_retention_s, self._settings.batch
+                conn, self._settings.changes_retention_s, self._settings.batch, user=user
             )
         report.changes += pruned
         metrics.EXPIRED.labels("change").inc(pruned)

@@ -22,7 +22,7 @@ from memsvc.errors import DeadlineExceeded, NotFound
 from memsvc.governance.guard import PiiGuard
 from memsvc.governance.policy import TenantPolicies, parse_pii_policy
 from memsvc.ingest.payload import JobPayload
-from memsvc.storage import outbox
+from memsvc.storage import citus, outbox
 from memsvc.storage.messages import StoredMessage, insert_messages
 from memsvc.storage.model import Scope
 from memsvc.storage.pool import acquire
@@ -67,6 +67,9 @@ class IngestService:
     ) -> None:
         self._pool = pool
         self._acquire_timeout_s = acquire_timeout_s
+        # Whether the database is a Citus coordinator, where Ingest wakes the outbox workers
+        # itself (outbox.wake); found out at the first Ingest.
+        self._on_citus: bool | None = None
         # The tenant's message TTL and PII policy (default: messages never expire, every kind
         # of personal data is redacted).
         self._policies = policies or TenantPolicies(
@@ -119,7 +122,8 @@ class IngestService:
 
     async def ingest(self, command: IngestCommand, budget: Budget) -> IngestReceipt:
         """Exactly two writes: the outbox row (its unique key makes retries free), the messages.
-        Before them, and before a connection is taken, the tenant's PII policy is applied."""
+        Before them, and before a connection is taken, the tenant's PII policy is applied. On
+        Citus the same transaction also wakes the outbox workers (outbox.wake)."""
         ingest_id = uuid.uuid4()
         ttl_s, redacted = 0, 0
         if command.messages or command.goals:
@@ -134,6 +138,8 @@ class IngestService:
             command.end_of_session, command.goals, command.counterpart_persona_id
         ).as_json()
         async with acquire(self._pool, budget, timeout_s=self._acquire_timeout_s) as conn:
+            if self._on_citus is None:
+                self._on_citus = await citus.has_citus(conn)
             async with conn.transaction():
                 fresh = await outbox.enqueue(
                     conn,
@@ -150,10 +156,10 @@ class IngestService:
                     if fresh
                     else 0
                 )
+                if fresh and self._on_citus:
+                    await outbox.wake(conn, command.scope)
             if not fresh:
-                first = await outbox.ingest_id_for_key(
-                    conn, command.scope.tenant_id, command.idempotency_key
-                )
+                first = await outbox.ingest_id_for_key(conn, command.scope, command.idempotency_key)
                 assert first is not None, "a conflicting key always has a row"
                 return IngestReceipt(first, duplicate=True, accepted=0, dropped=0)
         return IngestReceipt(

@@ -31,7 +31,7 @@ from memsvc.config import WORKER_ACQUIRE_TIMEOUT_S
 from memsvc.ingest.failures import Failure, Verdict, classify
 from memsvc.ingest.pipeline import ExtractionPipeline, Outcome
 from memsvc.observability import metrics
-from memsvc.storage import outbox
+from memsvc.storage import citus, outbox
 from memsvc.storage.connection import Connection
 from memsvc.storage.outbox import Job
 
@@ -101,6 +101,10 @@ class OutboxWorker:
         self._claiming = 0
         self._rng = random.Random()
         self._last_periodic = 0.0
+        # Whether claims over all users go one user at a time (a Citus database, where
+        # SKIP LOCKED needs a single-shard statement; see outbox.claim_by_user). Found out
+        # at the first claim.
+        self._claims_by_user: bool | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -271,15 +275,26 @@ class OutboxWorker:
             self._claiming += 1
             try:
                 async with self._acquire() as conn:
-                    jobs = await outbox.claim(
-                        conn,
-                        worker_id=self.worker_id,
-                        lease_s=self._settings.lease_s,
-                        limit=free,
-                        tenant_id=tenant_id,
-                        user_id=user_id,
-                        timeout_s=self._settings.statement_timeout_s,
-                    )
+                    if self._claims_by_user is None:
+                        self._claims_by_user = await citus.has_citus(conn)
+                    if user_id is None and self._claims_by_user:
+                        jobs = await outbox.claim_by_user(
+                            conn,
+                            worker_id=self.worker_id,
+                            lease_s=self._settings.lease_s,
+                            limit=free,
+                            timeout_s=self._settings.statement_timeout_s,
+                        )
+                    else:
+                        jobs = await outbox.claim(
+                            conn,
+                            worker_id=self.worker_id,
+                            lease_s=self._settings.lease_s,
+                            limit=free,
+                            tenant_id=tenant_id,
+                            user_id=user_id,
+                            timeout_s=self._settings.statement_timeout_s,
+                        )
                 for job in jobs:
                     self._spawn_job(job)
             finally:

@@ -27,7 +27,8 @@ from datetime import UTC, datetime
 import asyncpg
 
 from memsvc.observability import metrics
-from memsvc.storage.references import mark_referenced
+from memsvc.storage.citus import has_citus
+from memsvc.storage.references import mark_referenced, mark_referenced_by_user
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,9 @@ class ReferenceRecorder:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._pool = pool
+        # One statement per user on Citus (found out at the first flush): the one-statement
+        # upsert joins many users' memories, which Citus cannot push down.
+        self._by_user: bool | None = None
         self._min_interval_s = min_interval_s
         self._clock = clock
         # When each id was last queued (clock time); cleared when it outgrows the buffer
@@ -119,10 +123,13 @@ class ReferenceRecorder:
             try:
                 updated = 0
                 async with self._pool.acquire(timeout=self._timeout_s) as conn:
+                    if self._by_user is None:
+                        self._by_user = await has_citus(conn)
+                    mark = mark_referenced_by_user if self._by_user else mark_referenced
                     # Short statements: one flush never holds a backend for long.
                     for start in range(0, len(rows), FLUSH_CHUNK):
                         chunk = rows[start : start + FLUSH_CHUNK]
-                        updated += await mark_referenced(conn, chunk, timeout_s=self._timeout_s)
+                        updated += await mark(conn, chunk, timeout_s=self._timeout_s)
             except Exception as exc:
                 # Never raised (a flush runs beside reads and at stop), but a bug is logged
                 # with its stack, not as a database hiccup.

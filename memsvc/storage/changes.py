@@ -49,8 +49,16 @@ class Batch:
     pruned_through: int
 
 
+_KINDS = frozenset({"expired", "none", ""})
+
+
 async def _set_kind(conn: Connection, kind: str) -> None:
-    await conn.execute("SELECT set_config('memsvc.change_kind', $1, true)", kind)
+    # SET LOCAL (a statement, so the kind is written in, from a closed set), not set_config():
+    # on Citus the triggers that read it run on the workers, and Citus forwards a transaction's
+    # SET LOCAL to them (citus.propagate_set_commands, set by storage.citus).
+    if kind not in _KINDS:
+        raise ValueError(f"unknown delete kind {kind!r}")
+    await conn.execute(f"SET LOCAL memsvc.change_kind = '{kind}'")
 
 
 @asynccontextmanager
@@ -135,12 +143,40 @@ async def current_version(conn: Connection, tenant_id: str, user_id: str) -> int
     return version or 0
 
 
-async def prune(conn: Connection, older_than_s: float, limit: int) -> int:
+async def prune(
+    conn: Connection, older_than_s: float, limit: int, *, user: tuple[str, str] | None = None
+) -> int:
     """Delete up to ``limit`` committed changes older than ``older_than_s``, oldest first,
     raising each user's pruned horizon to the highest position removed (one statement).
-    Returns rows deleted."""
-    deleted: int = await conn.fetchval(
-        """
+    Returns rows deleted. ``user`` (tenant, user): only theirs (Citus takes one user at a
+    time; see users_to_prune), in two single-shard statements of one transaction: a CTE that
+    deletes and writes the horizon from what it deleted is run through the coordinator."""
+    if user is not None:
+        async with conn.transaction():
+            gone = await conn.fetch(_PRUNE_OF_USER, older_than_s, limit, *user)
+            if gone:
+                await conn.execute(_RAISE_HORIZON, *user, max(r["position"] for r in gone))
+        return len(gone)
+    deleted: int = await conn.fetchval(_PRUNE, older_than_s, limit)
+    return deleted
+
+
+async def users_to_prune(
+    conn: Connection, older_than_s: float, limit: int
+) -> list[tuple[str, str]]:
+    """Up to ``limit`` users with committed changes older than ``older_than_s``, oldest
+    first. Reads only, without locks: on Citus a statement over every shard."""
+    rows = await conn.fetch(
+        "SELECT tenant_id, user_id FROM memory_changes"
+        " WHERE changed_at < now() - make_interval(secs => $1) AND position IS NOT NULL"
+        " GROUP BY tenant_id, user_id ORDER BY min(changed_at) LIMIT $2",
+        older_than_s,
+        limit,
+    )
+    return [(r["tenant_id"], r["user_id"]) for r in rows]
+
+
+_PRUNE = """
         WITH gone AS (
             DELETE FROM memory_changes c
             USING (SELECT tenant_id, user_id, change_id FROM memory_changes
@@ -159,8 +195,20 @@ async def prune(conn: Connection, older_than_s: float, limit: int) -> int:
             ON CONFLICT (tenant_id, user_id) DO UPDATE
                 SET pruned_through = greatest(h.pruned_through, EXCLUDED.pruned_through))
         SELECT count(*) FROM gone
-        """,
-        older_than_s,
-        limit,
-    )
-    return deleted
+        """
+_PRUNE_OF_USER = """
+        DELETE FROM memory_changes c
+        USING (SELECT change_id FROM memory_changes
+               WHERE changed_at < now() - make_interval(secs => $1)
+                 AND position IS NOT NULL AND tenant_id = $3 AND user_id = $4
+               ORDER BY changed_at
+               LIMIT $2
+               FOR UPDATE SKIP LOCKED) AS d
+        WHERE c.tenant_id = $3 AND c.user_id = $4 AND c.change_id = d.change_id
+        RETURNING c.position
+        """
+_RAISE_HORIZON = (
+    "INSERT INTO memory_change_horizons AS h (tenant_id, user_id, pruned_through)"
+    " VALUES ($1, $2, $3) ON CONFLICT (tenant_id, user_id) DO UPDATE"
+    " SET pruned_through = greatest(h.pruned_through, EXCLUDED.pruned_through)"
+)

@@ -129,11 +129,13 @@ async def edits_of(
 
 
 # The edits of the row `m` as one JSON array, oldest first (ExportMemories' memory records).
+# The user is the statement's $2 (export's statements are all of one user), not m.user_id:
+# on Citus a subquery correlated only to the row is planned over every shard.
 EDITS_JSON_SQL = """coalesce((
     SELECT jsonb_agg(jsonb_build_object(
                'edit_id', x.edit_id, 'edited_at', x.edited_at, 'fields', to_jsonb(x.fields),
                'before', x.before, 'after', x.after, 'reason', x.reason)
            ORDER BY x.edited_at, x.edit_id)
     FROM memory_edits x
-    WHERE x.tenant_id = m.tenant_id AND x.user_id = m.user_id AND x.memory_id = m.memory_id
+    WHERE x.tenant_id = m.tenant_id AND x.user_id = $2 AND x.memory_id = m.memory_id
 ), '[]'::jsonb)"""

@@ -182,8 +182,17 @@ async def _rewrite_episodes(
                 episode_id,
             )
             continue
+        # The title is read first, not computed in the UPDATE: Citus refuses a stable
+        # function (to_char of a timestamptz) over a column in an UPDATE.
+        title = await conn.fetchval(
+            "SELECT 'Conversation of ' || to_char(ended_at, 'FMDD Mon YYYY') FROM episodes"
+            " WHERE tenant_id = $1 AND user_id = $2 AND episode_id = $3",
+            tenant,
+            user,
+            episode_id,
+        )
         await conn.execute(
-            "UPDATE episodes SET title = 'Conversation of ' || to_char(ended_at, 'FMDD Mon YYYY'),"
+            "UPDATE episodes SET title = $5,"
             " summary = $4, excerpt = '', embedding = NULL, embedding_state = 'missing'"
             " WHERE tenant_id = $1 AND user_id = $2 AND episode_id = $3",
             tenant,
@@ -191,6 +200,7 @@ async def _rewrite_episodes(
             episode_id,
             # Facts are standalone sentences: together they are the summary that is left.
             " ".join(r["content"] for r in remaining),
+            title,
         )
         # Topics the erased facts alone fed. Known only when every remaining fact's predicate
         # maps to a topic (the rules extractor's); otherwise every topic edge is kept.

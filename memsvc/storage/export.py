@@ -64,7 +64,7 @@ def memories(subject: Subject, at: datetime) -> Statement:
                m.subject, m.predicate, m.object, m.category, m.role, m.confidence,
                m.reinforced_count, m.pinned, m.status, m.valid_from, m.invalid_at,
                m.recorded_at, m.last_reinforced_at,
-               {last_referenced_sql("m")} AS last_referenced_at, m.supersedes_id,
+               {last_referenced_sql("m", user_id="$2")} AS last_referenced_at, m.supersedes_id,
                m.superseded_by_id, m.source_message_ids, m.session_id, m.origin,
                m.correction_reason, m.retention_policy, m.expires_at, m.shared_all_agents,
                m.shared_all_personas, m.ingest_id, m.demoted_at, m.demoted_role,
@@ -77,6 +77,10 @@ def memories(subject: Subject, at: datetime) -> Statement:
     )
 
 
+# The subqueries below name the user by $2 (every statement here is of one user), not by the
+# outer row: on Citus a subquery correlated only to the row is planned over every shard.
+
+
 def episodes(subject: Subject, at: datetime) -> Statement:
     """Episodes oldest first, with the facts they produced and the topics they belong to."""
     where, args = _owner(subject, "e")
@@ -87,10 +91,10 @@ def episodes(subject: Subject, at: datetime) -> Statement:
                e.summary, e.excerpt, e.source_message_ids, e.started_at, e.ended_at,
                e.recorded_at, e.expires_at,
                ARRAY(SELECT em.memory_id FROM episode_memories em
-                     WHERE em.tenant_id = e.tenant_id AND em.user_id = e.user_id
+                     WHERE em.tenant_id = e.tenant_id AND em.user_id = $2
                        AND em.episode_id = e.episode_id ORDER BY em.memory_id) AS memory_ids,
                ARRAY(SELECT te.topic_id FROM topic_episodes te
-                     WHERE te.tenant_id = e.tenant_id AND te.user_id = e.user_id
+                     WHERE te.tenant_id = e.tenant_id AND te.user_id = $2
                        AND te.episode_id = e.episode_id ORDER BY te.topic_id) AS topic_ids
         FROM episodes e
         WHERE {where} AND {not_expired("e", at=f"${len(args)}")}
@@ -107,7 +111,7 @@ def topics(subject: Subject, at: datetime) -> Statement:
         SELECT t.topic_id, t.user_id, t.persona_id, t.agent_id, t.name, t.is_persona, t.weight,
                t.last_episode_at, t.created_at,
                ARRAY(SELECT te.episode_id FROM topic_episodes te
-                     WHERE te.tenant_id = t.tenant_id AND te.user_id = t.user_id
+                     WHERE te.tenant_id = t.tenant_id AND te.user_id = $2
                        AND te.topic_id = t.topic_id ORDER BY te.episode_id) AS episode_ids
         FROM topics t
         WHERE {where}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
@@ -25,7 +26,9 @@ _COLUMNS_WITH = """
     last_reinforced_at, {referenced} AS last_referenced_at, demoted_at,
     demoted_role, retention_policy, expires_at, updated_at
 """
-_COLUMNS = _COLUMNS_WITH.format(referenced=last_referenced_sql("memories"))
+# For statements whose rows are all of the user in $2 (every one of this module, and those
+# of edits and core).
+_COLUMNS = _COLUMNS_WITH.format(referenced=last_referenced_sql("memories", user_id="$2"))
 # The hot reads (Recall, Prefetch) leave last_referenced_at out: they are the reads that set
 # it, and probing memory_references while its flush writes cost them tail latency.
 HOT_COLUMNS = _COLUMNS_WITH.format(referenced="NULL::timestamptz")
@@ -88,33 +91,34 @@ async def find_active_duplicate(
 # The ON CONFLICT assignment every reinforcing insert makes (after its session_id one):
 # the other sessions (or '' outside any) the memory was stated in, ForgetSession's
 # provenance (storage.sessions).
-ALSO_STATED_IN_ON_REINFORCE = """also_stated_in = ARRAY(
-                SELECT DISTINCT s FROM unnest(memories.also_stated_in
-                    || ARRAY[memories.session_id, EXCLUDED.session_id]) AS s
-                WHERE s <> CASE WHEN EXCLUDED.origin = 'explicit'
+# Functions, not subqueries (migration 0014): Citus refuses subqueries in an INSERT.
+ALSO_STATED_IN_ON_REINFORCE = """also_stated_in = memsvc_sorted_distinct_except(
+                memories.also_stated_in || ARRAY[memories.session_id, EXCLUDED.session_id],
+                CASE WHEN EXCLUDED.origin = 'explicit'
                     AND EXCLUDED.retention_policy = 'session'
-                    THEN EXCLUDED.session_id ELSE memories.session_id END
-                ORDER BY 1)"""
+                    THEN EXCLUDED.session_id ELSE memories.session_id END)"""
 
 
 # What writing an identical active memory does (one unique index per scope and content hash):
 # it reinforces the one there. Shared by Remember (insert_or_reinforce) and RememberBatch
 # (memory_batches), so the two can never disagree on what a repeat changes.
+#
+# The time is EXCLUDED.recorded_at (the column default, now()), not now() itself: Citus
+# accepts only immutable functions in DO UPDATE; the value is the same, the transaction's start.
 ON_DUPLICATE_REINFORCE = f"""
 ON CONFLICT (tenant_id, user_id, persona_id, agent_id, content_hash)
     WHERE invalid_at IS NULL
 DO UPDATE SET
     reinforced_count = memories.reinforced_count + 1,
-    last_reinforced_at = now(),
+    last_reinforced_at = EXCLUDED.recorded_at,
     confidence = greatest(memories.confidence, EXCLUDED.confidence),
     pinned = memories.pinned OR EXCLUDED.pinned,
     -- Pinned again: back in the core block, no longer a demoted one.
     demoted_at = CASE WHEN EXCLUDED.pinned THEN NULL ELSE memories.demoted_at END,
     shared_all_agents = memories.shared_all_agents OR EXCLUDED.shared_all_agents,
     shared_all_personas = memories.shared_all_personas OR EXCLUDED.shared_all_personas,
-    source_message_ids = ARRAY(
-        SELECT DISTINCT unnest(memories.source_message_ids || EXCLUDED.source_message_ids)
-        ORDER BY 1),
+    source_message_ids = memsvc_sorted_union(
+        memories.source_message_ids, EXCLUDED.source_message_ids),
     retention_policy = CASE WHEN EXCLUDED.origin = 'explicit'
         THEN EXCLUDED.retention_policy ELSE memories.retention_policy END,
     expires_at = CASE WHEN EXCLUDED.origin = 'explicit'
@@ -123,7 +127,7 @@ DO UPDATE SET
         AND EXCLUDED.retention_policy = 'session'
         THEN EXCLUDED.session_id ELSE memories.session_id END,
     {ALSO_STATED_IN_ON_REINFORCE}
-WHERE {not_expired("memories")}
+WHERE {not_expired("memories", at="EXCLUDED.recorded_at")}
 """
 
 
@@ -161,7 +165,7 @@ async def insert_or_reinforce(
                 coalesce($18, now()), $19, $20, $21, $22, $23, $24, $25, $26, $27,
                 $28, coalesce($29::timestamptz, now() + $30::float8 * interval '1 second'))
         {ON_DUPLICATE_REINFORCE}
-        RETURNING {_COLUMNS}, (xmax <> 0) AS reinforced
+        RETURNING {HOT_COLUMNS}, (xmax <> 0) AS reinforced
         """
     args = (
         *scope.key,
@@ -199,7 +203,25 @@ async def insert_or_reinforce(
     if row["reinforced"] and memory.origin == "explicit":
         # Every version of a memory shares its retention (its chain expires as one).
         await retention.align_lineage(conn, row["tenant_id"], row["user_id"], row["lineage_id"])
-    return record_from_row(row), bool(row["reinforced"])
+    record = record_from_row(row)
+    if row["reinforced"]:
+        # Not a subquery in RETURNING: Citus refuses subqueries in an INSERT. A new memory has
+        # never been referenced; only a reinforced one needs the probe.
+        record = dataclasses.replace(
+            record, last_referenced_at=await _last_referenced(conn, scope, record.memory_id)
+        )
+    return record, bool(row["reinforced"])
+
+
+async def _last_referenced(conn: Connection, scope: Scope, memory_id: uuid.UUID) -> datetime | None:
+    value: datetime | None = await conn.fetchval(
+        "SELECT last_referenced_at FROM memory_references"
+        " WHERE tenant_id = $1 AND user_id = $2 AND memory_id = $3",
+        scope.tenant_id,
+        scope.user_id,
+        memory_id,
+    )
+    return value
 
 
 async def get_visible(conn: Connection, scope: Scope, memory_id: uuid.UUID) -> MemoryRecord | None:
@@ -238,15 +260,18 @@ async def mark_superseded(
 
     `invalid_at`: when it stopped being true (the time the user said so); now by default. It
     is never before the old version's own `valid_from`."""
+    # now() outside any COALESCE: Citus refuses non-immutable functions inside one in an
+    # UPDATE (it cannot evaluate them on the coordinator first).
+    ended = "now()" if invalid_at is None else "$5"
     await conn.execute(
-        "UPDATE memories SET invalid_at = greatest(valid_from, coalesce($5, now())),"
+        f"UPDATE memories SET invalid_at = greatest(valid_from, {ended}),"
         " status = 'superseded', superseded_by_id = $4"
         " WHERE tenant_id = $1 AND user_id = $2 AND memory_id = $3",
         old.scope.tenant_id,
         old.scope.user_id,
         old.memory_id,
         new_id,
-        invalid_at,
+        *(() if invalid_at is None else (invalid_at,)),
     )
 
 

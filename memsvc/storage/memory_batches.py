@@ -9,6 +9,7 @@ sends a repeated key in a later call (it then reinforces the row the first one w
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ import orjson
 from memsvc.storage import retention
 from memsvc.storage.conditions import not_expired
 from memsvc.storage.connection import Connection
-from memsvc.storage.memories import COLUMNS, ON_DUPLICATE_REINFORCE, record_from_row
+from memsvc.storage.memories import HOT_COLUMNS, ON_DUPLICATE_REINFORCE, record_from_row
 from memsvc.storage.model import MemoryRecord, NewMemory, Scope
 
 Key = tuple[str, str, str, bytes]
@@ -68,7 +69,7 @@ _INSERT = f"""
               valid_from, sources, session_id, origin, vec, retention_policy, expires_at,
               expires_in_s)
     {ON_DUPLICATE_REINFORCE}
-    RETURNING {COLUMNS}, content_hash, (xmax <> 0) AS reinforced
+    RETURNING {HOT_COLUMNS}, content_hash, (xmax <> 0) AS reinforced
 """
 
 
@@ -147,11 +148,42 @@ async def insert_or_reinforce_many(
             await retention.drop_expired_duplicate(conn, r.scope, r.content_hash)
     if pending:
         raise RuntimeError("insert_or_reinforce_many: a row was neither inserted nor reinforced")
-    out = [found[k] for k in keys]
+    out = await _with_last_referenced(conn, tenant_id, [found[k] for k in keys])
     for (record, reinforced), r in zip(out, rows, strict=True):
         if reinforced and r.memory.origin == "explicit":
             await retention.align_lineage(conn, tenant_id, record.scope.user_id, record.lineage_id)
     return out
+
+
+async def _with_last_referenced(
+    conn: Connection, tenant_id: str, results: list[tuple[MemoryRecord, bool]]
+) -> list[tuple[MemoryRecord, bool]]:
+    """The reinforced rows with their last_referenced_at, read after the INSERT: not a
+    subquery in its RETURNING, which Citus runs on the shards as a nested distributed query
+    and refuses. A new memory has never been referenced."""
+    reinforced = [record for record, again in results if again]
+    if not reinforced:
+        return results
+    rows = await conn.fetch(
+        "SELECT r.user_id, r.memory_id, r.last_referenced_at FROM memory_references r"
+        " JOIN unnest($2::text[], $3::uuid[]) AS k(u, m)"
+        " ON r.tenant_id = $1 AND r.user_id = k.u AND r.memory_id = k.m",
+        tenant_id,
+        [m.scope.user_id for m in reinforced],
+        [m.memory_id for m in reinforced],
+    )
+    seen = {(r["user_id"], r["memory_id"]): r["last_referenced_at"] for r in rows}
+    return [
+        (
+            dataclasses.replace(
+                record, last_referenced_at=seen.get((record.scope.user_id, record.memory_id))
+            )
+            if again
+            else record,
+            again,
+        )
+        for record, again in results
+    ]
 
 
 async def find_active_duplicates(conn: Connection, tenant_id: str, keys: Sequence[Key]) -> set[Key]:

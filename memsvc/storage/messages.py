@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,6 +47,47 @@ UNIT_SQL = (
 )
 
 
+# Up to this many messages are inserted with one VALUES row each, taking its columns from the
+# array arguments ($6..$13): on Citus a multi-row VALUES whose user_id is the one $2 is a
+# single-shard router insert, while INSERT ... SELECT FROM unnest(...) is planned as "pull to
+# coordinator" (its source is a function, not a shard). Ingest calls are this small; larger
+# batches (bulk loads) keep the unnest form, whose text does not grow with the count.
+_VALUES_MAX_ROWS = 32
+_MESSAGE_ROW = (
+    "($1, $2, $3, $4, ($6::text[])[{i}], ($7::text[])[{i}], $5, ($8::text[])[{i}],"
+    " ($9::text[])[{i}], ($10::text[])[{i}], ($11::timestamptz[])[{i}],"
+    " CASE WHEN $12::float8 > 0 THEN 'ttl' ELSE 'user-controlled' END,"
+    " CASE WHEN $12::float8 > 0 THEN now() + $12::float8 * interval '1 second' END,"
+    " ($13::text[])[{i}])"
+)
+_INSERT_INTO = (
+    "INSERT INTO messages (tenant_id, user_id, persona_id, agent_id, session_id, message_id,"
+    " ingest_id, sender_id, role, text, sent_at, retention_policy, expires_at, sender_name)"
+)
+_ON_CONFLICT = (
+    " ON CONFLICT (tenant_id, user_id, persona_id, agent_id, session_id, message_id) DO NOTHING"
+)
+_INSERT_UNNEST = (
+    _INSERT_INTO + " SELECT $1, $2, $3, $4, m.session_id, m.message_id, $5, m.sender_id, m.role,"
+    " m.text, m.sent_at, CASE WHEN $12::float8 > 0 THEN 'ttl' ELSE 'user-controlled' END,"
+    " CASE WHEN $12::float8 > 0 THEN now() + $12::float8 * interval '1 second' END,"
+    " m.sender_name"
+    " FROM unnest($6::text[], $7::text[], $8::text[], $9::text[], $10::text[],"
+    " $11::timestamptz[], $13::text[])"
+    " AS m(session_id, message_id, sender_id, role, text, sent_at, sender_name)" + _ON_CONFLICT
+)
+
+
+@functools.lru_cache(maxsize=_VALUES_MAX_ROWS)
+def _insert_values(count: int) -> str:
+    rows = ", ".join(_MESSAGE_ROW.format(i=i) for i in range(1, count + 1))
+    return f"{_INSERT_INTO} VALUES {rows}{_ON_CONFLICT}"
+
+
+def _insert_sql(count: int) -> str:
+    return _insert_values(count) if count <= _VALUES_MAX_ROWS else _INSERT_UNNEST
+
+
 async def insert_messages(
     conn: Connection,
     scope: Scope,
@@ -62,19 +104,7 @@ async def insert_messages(
     if not messages:
         return 0
     result: str = await conn.execute(
-        """
-        INSERT INTO messages (tenant_id, user_id, persona_id, agent_id, session_id, message_id,
-                              ingest_id, sender_id, role, text, sent_at, retention_policy,
-                              expires_at, sender_name)
-        SELECT $1, $2, $3, $4, m.session_id, m.message_id, $5, m.sender_id, m.role, m.text,
-               m.sent_at, CASE WHEN $12::float8 > 0 THEN 'ttl' ELSE 'user-controlled' END,
-               CASE WHEN $12::float8 > 0 THEN now() + $12::float8 * interval '1 second' END,
-               m.sender_name
-        FROM unnest($6::text[], $7::text[], $8::text[], $9::text[], $10::text[], $11::timestamptz[],
-                    $13::text[])
-             AS m(session_id, message_id, sender_id, role, text, sent_at, sender_name)
-        ON CONFLICT (tenant_id, user_id, persona_id, agent_id, session_id, message_id) DO NOTHING
-        """,
+        _insert_sql(len(messages)),
         scope.tenant_id,
         scope.user_id,
         scope.persona_id,

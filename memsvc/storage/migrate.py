@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 from memsvc.errors import MemsvcError
+from memsvc.storage import citus
 from memsvc.storage.connection import Connection
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,11 @@ def load_migrations(embedding_dim: int) -> list[Migration]:
 
 
 async def migrate(conn: Connection, *, embedding_dim: int) -> list[str]:
-    """Apply the missing migrations; return the names applied. Idempotent."""
+    """Apply the missing migrations; return the names applied. Idempotent.
+
+    On a Citus coordinator (the citus extension exists) the tables are then distributed by
+    user, also idempotently (storage.citus); on a single PostgreSQL nothing more happens.
+    """
     applied_now: list[str] = []
     await conn.execute("SELECT pg_advisory_lock($1)", _ADVISORY_LOCK_KEY)
     try:
@@ -50,18 +55,28 @@ async def migrate(conn: Connection, *, embedding_dim: int) -> list[str]:
             " applied_at timestamptz NOT NULL DEFAULT now())"
         )
         done = {r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations")}
-        for migration in load_migrations(embedding_dim):
-            if migration.version in done:
-                continue
-            async with conn.transaction():
-                await conn.execute(migration.sql)
-                await conn.execute(
-                    "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)",
-                    migration.version,
-                    migration.name,
-                )
-            log.info("applied migration %s", migration.name)
-            applied_now.append(migration.name)
+        on_citus = await citus.has_citus(conn)
+        if on_citus:
+            # A later migration's CREATE TRIGGER on a distributed table needs it.
+            await conn.execute("SET citus.enable_unsafe_triggers = on")
+        try:
+            for migration in load_migrations(embedding_dim):
+                if migration.version in done:
+                    continue
+                async with conn.transaction():
+                    await conn.execute(migration.sql)
+                    await conn.execute(
+                        "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)",
+                        migration.version,
+                        migration.name,
+                    )
+                log.info("applied migration %s", migration.name)
+                applied_now.append(migration.name)
+        finally:
+            if on_citus:
+                await conn.execute("RESET citus.enable_unsafe_triggers")
+        if on_citus:
+            await citus.distribute(conn)
         stored = await conn.fetchval("SELECT value FROM memsvc_meta WHERE key = 'embedding_dim'")
     finally:
         await conn.execute("SELECT pg_advisory_unlock($1)", _ADVISORY_LOCK_KEY)

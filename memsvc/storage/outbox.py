@@ -56,7 +56,9 @@ async def enqueue(
     inserted = await conn.fetchval(
         "INSERT INTO ingest_outbox (tenant_id, user_id, persona_id, agent_id, ingest_id,"
         " idempotency_key, session_id, payload) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
-        " ON CONFLICT (tenant_id, idempotency_key) DO NOTHING RETURNING true",
+        # No conflict target: the key is unique per tenant on a single PostgreSQL and per
+        # user on Citus (storage.citus), and a fresh ingest_id never conflicts.
+        " ON CONFLICT DO NOTHING RETURNING true",
         scope.tenant_id,
         scope.user_id,
         scope.persona_id,
@@ -69,33 +71,57 @@ async def enqueue(
     return bool(inserted)
 
 
+async def wake(conn: Connection, scope: Scope) -> None:
+    """Wake the outbox workers for the scope's user, from the coordinator (Citus): there the
+    row's NOTIFY trigger is gone from the shards (storage.citus_triggers), so the writer
+    notifies in its own transaction, delivered at its commit, as the trigger would."""
+    await conn.execute(
+        "SELECT pg_notify('memsvc_outbox', $1)", f"{scope.tenant_id}:{scope.user_id}"
+    )
+
+
 async def ingest_id_for_key(
-    conn: Connection, tenant_id: str, idempotency_key: str
+    conn: Connection, scope: Scope, idempotency_key: str
 ) -> uuid.UUID | None:
+    """The job that used the key first: the scope's user's own (a single-shard read on Citus,
+    where keys are unique per user), else another user's of the tenant (a single server,
+    where keys are unique per tenant)."""
     value: uuid.UUID | None = await conn.fetchval(
-        "SELECT ingest_id FROM ingest_outbox WHERE tenant_id = $1 AND idempotency_key = $2",
-        tenant_id,
+        "SELECT ingest_id FROM ingest_outbox"
+        " WHERE tenant_id = $1 AND user_id = $2 AND idempotency_key = $3",
+        scope.tenant_id,
+        scope.user_id,
         idempotency_key,
     )
+    if value is None:
+        value = await conn.fetchval(
+            "SELECT ingest_id FROM ingest_outbox WHERE tenant_id = $1 AND idempotency_key = $2",
+            scope.tenant_id,
+            idempotency_key,
+        )
     return value
 
 
 # A job is claimable when it is due and pending, or when its holder's lease ran out (a crashed
 # worker). One user's jobs run one at a time and oldest first, so a later turn is never
 # decided before an earlier one.
+_CLAIMABLE = """
+    ((o.state = 'pending' AND o.available_at <= now())
+     OR (o.state = 'processing' AND o.lease_until < now()))
+    {user_filter}
+    AND NOT EXISTS (
+        SELECT 1 FROM ingest_outbox p
+        WHERE p.tenant_id = o.tenant_id AND p.user_id = o.user_id
+          AND p.ingest_id <> o.ingest_id
+          AND ((p.state = 'processing' AND p.lease_until >= now())
+               OR (p.state IN ('pending', 'processing') AND p.created_at < o.created_at)))
+"""
+
 _CLAIM = """
 WITH candidates AS (
     SELECT o.tenant_id, o.user_id, o.ingest_id
     FROM ingest_outbox o
-    WHERE ((o.state = 'pending' AND o.available_at <= now())
-           OR (o.state = 'processing' AND o.lease_until < now()))
-      {user_filter}
-      AND NOT EXISTS (
-          SELECT 1 FROM ingest_outbox p
-          WHERE p.tenant_id = o.tenant_id AND p.user_id = o.user_id
-            AND p.ingest_id <> o.ingest_id
-            AND ((p.state = 'processing' AND p.lease_until >= now())
-                 OR (p.state IN ('pending', 'processing') AND p.created_at < o.created_at)))
+    WHERE {claimable}
     ORDER BY o.available_at
     LIMIT $3
     FOR UPDATE OF o SKIP LOCKED
@@ -104,10 +130,32 @@ UPDATE ingest_outbox t
 SET state = 'processing', attempts = t.attempts + 1,
     lease_until = now() + make_interval(secs => $1), leased_by = $2
 FROM candidates c
-WHERE t.tenant_id = c.tenant_id AND t.user_id = c.user_id AND t.ingest_id = c.ingest_id
+WHERE {target} AND t.ingest_id = c.ingest_id
 RETURNING t.tenant_id, t.user_id, t.persona_id, t.agent_id, t.ingest_id, t.session_id,
           t.payload, t.attempts, t.leased_by
 """
+_ANY_USER = _CLAIM.format(
+    claimable=_CLAIMABLE.format(user_filter=""),
+    target="t.tenant_id = c.tenant_id AND t.user_id = c.user_id",
+)
+# One user's: the updated row is named by the user's parameters too, which makes the whole
+# statement (lock, check and update) a single-shard router query on Citus.
+_ONE_USER = _CLAIM.format(
+    claimable=_CLAIMABLE.format(user_filter="AND o.tenant_id = $4 AND o.user_id = $5"),
+    target="t.tenant_id = $4 AND t.user_id = $5",
+)
+# The users with a claimable job, oldest due first; reads only (no lock), so on Citus it
+# may run over every shard. See claim_by_user.
+_DUE_USERS = f"""
+SELECT o.tenant_id, o.user_id, min(o.available_at) AS due
+FROM ingest_outbox o
+WHERE {_CLAIMABLE.format(user_filter="")}
+GROUP BY o.tenant_id, o.user_id
+ORDER BY due
+LIMIT $1
+"""
+# How many more users than free slots claim_by_user looks at: other workers may take some.
+_DUE_USERS_SPARE = 4
 
 
 async def claim(
@@ -122,11 +170,11 @@ async def claim(
 ) -> list[Job]:
     """Claim up to `limit` due jobs (optionally one user's), leasing them to this worker."""
     args: list[Any] = [lease_s, worker_id, limit]
-    user_filter = ""
+    statement = _ANY_USER
     if tenant_id is not None and user_id is not None:
-        user_filter = "AND o.tenant_id = $4 AND o.user_id = $5"
+        statement = _ONE_USER
         args += [tenant_id, user_id]
-    rows = await conn.fetch(_CLAIM.format(user_filter=user_filter), *args, timeout=timeout_s)
+    rows = await conn.fetch(statement, *args, timeout=timeout_s)
     return [
         Job(
             scope=Scope(r["tenant_id"], r["user_id"], r["persona_id"], r["agent_id"]),
@@ -138,6 +186,41 @@ async def claim(
         )
         for r in rows
     ]
+
+
+async def claim_by_user(
+    conn: Connection,
+    *,
+    worker_id: str,
+    lease_s: float,
+    limit: int,
+    timeout_s: float | None = None,
+) -> list[Job]:
+    """Claim up to `limit` due jobs of any users, one user at a time: the claim for Citus.
+
+    There ``FOR UPDATE SKIP LOCKED`` works only in a single-shard statement, so claim()
+    over all users fails. Here a read without locks finds the users with claimable work
+    (oldest due first), then each user's jobs are claimed with claim()'s per-user statement,
+    a router query that locks, checks and leases on that user's shard. The guarantees are
+    claim()'s: a job is claimed once (row lock, then state), held under a lease, taken over
+    when its lease ran out, and one user's jobs run one at a time, oldest first. A user
+    another worker claimed meanwhile simply yields nothing here.
+    """
+    users = await conn.fetch(_DUE_USERS, limit * _DUE_USERS_SPARE, timeout=timeout_s)
+    jobs: list[Job] = []
+    for user in users:
+        if len(jobs) >= limit:
+            break
+        jobs += await claim(
+            conn,
+            worker_id=worker_id,
+            lease_s=lease_s,
+            limit=limit - len(jobs),
+            tenant_id=user["tenant_id"],
+            user_id=user["user_id"],
+            timeout_s=timeout_s,
+        )
+    return jobs
 
 
 def _job_key(job: Job) -> tuple[str, str, uuid.UUID, str]:

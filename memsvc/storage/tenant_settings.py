@@ -70,7 +70,9 @@ async def save(
                 ELSE coalesce(EXCLUDED.human_block_max_chars, t.human_block_max_chars) END,
             persona_block_max_chars = CASE WHEN $7 THEN NULL
                 ELSE coalesce(EXCLUDED.persona_block_max_chars, t.persona_block_max_chars) END,
-            updated_at = now()
+            -- The column default (now()), not now() itself: Citus accepts only immutable
+            -- functions in DO UPDATE.
+            updated_at = EXCLUDED.updated_at
         RETURNING {_RETURNED}
         """,
         tenant_id,

@@ -1,0 +1,191 @@
+"""Every hot statement is a single-shard router query on Citus (EXPLAIN shows Task Count: 1).
+
+Each test runs memsvc's own function through a Recorder on the coordinator, then EXPLAINs
+every statement it ran with the same arguments: a statement that fans out to every shard,
+or pulls rows to the coordinator first, fails the test with its plan."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import asyncpg
+import numpy as np
+import pytest
+
+from memsvc.concurrency.deadline import Budget
+from memsvc.retrieval.dense import dense_hits
+from memsvc.retrieval.lexical import lexical_hits
+from memsvc.retrieval.query import ItemKind
+from memsvc.storage import changes, export, memories, outbox, retention
+from memsvc.storage.messages import StoredMessage, insert_messages
+from memsvc.storage.model import NewMemory, Scope
+from tests.cluster.plans import Plan, Recorder, Statement, distributed_plans, explain
+
+KINDS = (ItemKind.FACT, ItemKind.EPISODE, ItemKind.MESSAGE)
+
+
+@pytest.fixture
+async def conn(pool: asyncpg.Pool) -> AsyncIterator[asyncpg.Connection]:
+    """A pooled connection (pgvector codec registered), in a transaction rolled back after."""
+    async with pool.acquire() as connection:
+        tx = connection.transaction()
+        await tx.start()
+        try:
+            yield connection  # type: ignore[misc]
+        finally:
+            await tx.rollback()
+
+
+@pytest.fixture
+def scope() -> Scope:
+    return Scope(f"t-{uuid.uuid4().hex[:12]}", f"u-{uuid.uuid4().hex[:8]}", "", "")
+
+
+def _assert_single_shard(plans: list[Plan], expected_at_least: int) -> None:
+    assert len(plans) >= expected_at_least, [p.describe() for p in plans]
+    wide = [p.describe() for p in plans if not p.single_shard]
+    assert not wide, "not single-shard:\n\n" + "\n\n".join(wide)
+
+
+async def _recorded(
+    conn: asyncpg.Connection, run: Callable[[Recorder], Awaitable[object]]
+) -> list[Plan]:
+    recorder = Recorder(conn)
+    await run(recorder)
+    return await distributed_plans(conn, recorder)
+
+
+def _memory(text: str) -> NewMemory:
+    return NewMemory(content=text, category="preference", role="fact", confidence=0.9)
+
+
+async def _remember(conn: Recorder | asyncpg.Connection, scope: Scope, text: str) -> None:
+    await memories.insert_or_reinforce(
+        conn,  # type: ignore[arg-type]
+        scope,
+        _memory(text),
+        content_hash=hashlib.sha256(text.encode()).digest(),
+        embedding=None,
+        embedding_model="",
+    )
+
+
+async def test_remember_insert_and_reinforce(conn: asyncpg.Connection, scope: Scope) -> None:
+    async def run(rec: Recorder) -> None:
+        await _remember(rec, scope, "Alice likes hiking in the Alps")
+        await _remember(rec, scope, "Alice likes hiking in the Alps")  # reinforces
+
+    _assert_single_shard(await _recorded(conn, run), expected_at_least=2)
+
+
+async def test_ingest_enqueue_and_messages(conn: asyncpg.Connection, scope: Scope) -> None:
+    ingest_id = uuid.uuid4()
+    sent = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+
+    async def run(rec: Recorder) -> None:
+        await outbox.enqueue(
+            rec,  # type: ignore[arg-type]
+            scope,
+            ingest_id=ingest_id,
+            idempotency_key=f"k-{ingest_id}",
+            session_id="s1",
+            payload={"messages": 2},
+        )
+        await insert_messages(
+            rec,  # type: ignore[arg-type]
+            scope,
+            ingest_id,
+            [
+                StoredMessage("s1", "m1", "alice", "user", "I went hiking", sent),
+                StoredMessage("s1", "m2", "bot", "assistant", "Where?", sent),
+            ],
+        )
+        # The same key again: refused, then the first job is looked up (one statement).
+        assert not await outbox.enqueue(
+            rec,  # type: ignore[arg-type]
+            scope,
+            ingest_id=uuid.uuid4(),
+            idempotency_key=f"k-{ingest_id}",
+            session_id="s1",
+            payload={},
+        )
+        first = await outbox.ingest_id_for_key(rec, scope, f"k-{ingest_id}")  # type: ignore[arg-type]
+        assert first == ingest_id
+
+    _assert_single_shard(await _recorded(conn, run), expected_at_least=4)
+
+
+async def test_recall_lexical_leg(conn: asyncpg.Connection, scope: Scope) -> None:
+    await _remember(conn, scope, "Alice likes hiking in the Alps")
+
+    async def run(rec: Recorder) -> None:
+        await lexical_hits(
+            rec,  # type: ignore[arg-type]
+            scope,
+            "where does alice go hiking",
+            KINDS,
+            limit=10,
+            exact_max_rows=2000,
+            as_of=None,
+            budget=Budget(10.0),
+        )
+
+    _assert_single_shard(await _recorded(conn, run), expected_at_least=1)
+
+
+async def test_recall_dense_leg(conn: asyncpg.Connection, scope: Scope) -> None:
+    await _remember(conn, scope, "Alice likes hiking in the Alps")
+    vector = np.random.default_rng(7).standard_normal(384).astype(np.float32)
+    vector /= np.linalg.norm(vector)
+
+    async def run(rec: Recorder) -> None:
+        await dense_hits(
+            rec,  # type: ignore[arg-type]
+            scope,
+            vector,
+            KINDS,
+            model_id="test-model",
+            limit=10,
+            exact_max_rows=2000,
+            as_of=None,
+            budget=Budget(10.0),
+        )
+
+    _assert_single_shard(await _recorded(conn, run), expected_at_least=1)
+
+
+@pytest.mark.parametrize("whole_user", [False, True], ids=["scope", "whole-user"])
+async def test_export_statements(conn: asyncpg.Connection, scope: Scope, whole_user: bool) -> None:
+    """Every kind's export statement reads one shard group; except a whole user's messages,
+    which include their turns in sessions other users own (stored on those users' shards)."""
+    await _remember(conn, scope, "Alice likes hiking in the Alps")
+    subject = export.Subject(scope, whole_user=whole_user)
+    at = datetime.now(UTC)
+    plans = {
+        kind: await explain(conn, Statement(*statement(subject, at)))
+        for kind, statement in export.KINDS
+    }
+    fan_out = {"message"} if whole_user else set()
+    assert {k for k, p in plans.items() if not p.single_shard} == fan_out, {
+        k: p.describe() for k, p in plans.items()
+    }
+
+
+async def test_one_users_expiry_and_pruning(conn: asyncpg.Connection, scope: Scope) -> None:
+    """The expiry task's per-user batches (Citus takes one user at a time) lock, delete and
+    record on that user's shard alone."""
+    user = (scope.tenant_id, scope.user_id)
+
+    async def run(rec: Recorder) -> None:
+        db: Any = rec  # the functions take a Connection; the recorder passes through
+        await retention.expire_memories(db, 100, user=user)
+        await retention.expire_episodes(db, 100, user=user)
+        await retention.expire_messages(db, 100, user=user)
+        await changes.prune(db, 3600.0, 100, user=user)
+        await retention.live_sessions(db, [(scope, "s1"), (scope, "s2")], user=user)
+
+    _assert_single_shard(await _recorded(conn, run), expected_at_least=5)
