@@ -61,11 +61,12 @@ def served_stack(
     log_path: Path | None = None,
     redis_cluster: bool = False,
     data_dir: Path | None = None,
+    citus: bool = False,
 ) -> Iterator[Target]:
-    """Embedded PostgreSQL + valkey (or a valkey cluster), and `memsvc serve` against them in
-    its own process."""
+    """Embedded PostgreSQL (or a Citus cluster) + valkey (or a valkey cluster), and `memsvc
+    serve` against them in its own process."""
     with (
-        embedded_stack(redis_cluster=redis_cluster, data_dir=data_dir) as stack,
+        embedded_stack(redis_cluster=redis_cluster, data_dir=data_dir, citus=citus) as stack,
         memsvc_server(stack, extra_env, serve_args=serve_args, log_path=log_path) as target,
     ):
         yield target
@@ -73,16 +74,20 @@ def served_stack(
 
 @contextmanager
 def embedded_stack(
-    *, redis_cluster: bool = False, data_dir: Path | None = None
+    *, redis_cluster: bool = False, data_dir: Path | None = None, citus: bool = False
 ) -> Iterator[Target]:
     """Embedded PostgreSQL + valkey, migrated, with an API key; no memsvc yet (port 0).
     ``redis_cluster``: the cache is a 3-master valkey cluster instead of one server.
+    ``citus``: the database is a Citus coordinator with two workers on this machine (Citus
+    built or found as `make test-cluster` does); the embedded PostgreSQL then idles.
     ``data_dir``: their data is kept there (a large corpus seeded once serves many runs);
     by default a temporary folder, removed after.
 
     Several `memsvc_server`s can run against it one after the other (e.g. the same ingested
     data served with different settings)."""
     from memsvc.embedded import EmbeddedStack, EmbeddedValkeyCluster
+    from memsvc.embedded.citus import CitusCluster
+    from memsvc.embedded.citus_build import citus_bin_dir
 
     # `timeout` and Ctrl-C must still stop the child servers: turn SIGTERM into SystemExit so
     # the finally blocks below run.
@@ -96,9 +101,14 @@ def embedded_stack(
         stack = EmbeddedStack(Path(tmp))
         dsn, url = stack.start()
         cluster = EmbeddedValkeyCluster(Path(tmp) / "cluster") if redis_cluster else None
+        citus_cluster = (
+            CitusCluster(Path(tmp) / "citus", citus_bin_dir(), durable=True) if citus else None
+        )
         try:
             if cluster is not None:
                 url = cluster.start()
+            if citus_cluster is not None:
+                dsn = citus_cluster.start()
             api_key = asyncio.run(_create_key(dsn))
             yield Target(
                 0,
@@ -109,6 +119,8 @@ def embedded_stack(
                 valkey_pid=stack.valkey.pid or 0,
             )
         finally:
+            if citus_cluster is not None:
+                citus_cluster.stop()
             if cluster is not None:
                 cluster.stop()
             stack.stop()

@@ -527,6 +527,11 @@ def main() -> None:
     )
     parser.add_argument("--overload-runs", type=int, default=1, help="with --overload-only")
     parser.add_argument(
+        "--citus",
+        action="store_true",
+        help="the database on a Citus coordinator with two workers, all on this machine",
+    )
+    parser.add_argument(
         "--redis-cluster",
         action="store_true",
         help="the packet cache on a 3-master valkey cluster (the floor uses a cluster client)",
@@ -537,7 +542,7 @@ def main() -> None:
     for pair in args.server_env:
         name, _, value = pair.partition("=")
         server_env[name] = value
-    with served_stack(server_env, redis_cluster=args.redis_cluster) as target:
+    with served_stack(server_env, redis_cluster=args.redis_cluster, citus=args.citus) as target:
         seeded = corpus.seed_from_args(target.pg_dsn, args)
         vectors = asyncio.run(client_vectors(500))
         phases, capacity = asyncio.run(grpc_phases(target, args, vectors, metrics_port))
@@ -576,7 +581,11 @@ def main() -> None:
         print(note)
 
     # Its own kind: bench/report.py shows the newest result of each.
-    out, plot = result_paths("valkey-cluster-recall" if args.redis_cluster else "recall")
+    parts = [
+        name for name, on in (("citus", args.citus), ("valkey-cluster", args.redis_cluster)) if on
+    ]
+    kind = "-".join([*parts, "recall"])
+    out, plot = result_paths(kind)
     write_result(
         out,
         {
@@ -597,6 +606,7 @@ def main() -> None:
                 f"Recall and Prefetch, {args.rate:g} calls/s open loop, {args.count} calls a "
                 "phase; capacity and overload"
                 + ("; packet cache on a 3-master valkey cluster" if args.redis_cluster else "")
+                + ("; database on Citus (coordinator + 2 workers)" if args.citus else "")
             ),
             "rows": [p.summary().as_dict() for p in phases + floors],
             "ratios": ratios,

@@ -27,6 +27,7 @@ BENCHMARKS = (
     "overload-p2",
     "scale",
     "valkey-cluster-recall",
+    "citus-recall",
 )
 OUT = Path(__file__).parent / "RESULTS.md"
 
