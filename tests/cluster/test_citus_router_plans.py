@@ -17,10 +17,11 @@ import numpy as np
 import pytest
 
 from memsvc.concurrency.deadline import Budget
+from memsvc.prefetch import queries as prefetch_sql
 from memsvc.retrieval.dense import dense_hits
 from memsvc.retrieval.lexical import lexical_hits
 from memsvc.retrieval.query import ItemKind
-from memsvc.storage import changes, export, memories, outbox, retention
+from memsvc.storage import changes, export, memories, outbox, retention, versions
 from memsvc.storage.messages import StoredMessage, insert_messages
 from memsvc.storage.model import NewMemory, Scope
 from tests.cluster.plans import Plan, Recorder, Statement, distributed_plans, explain
@@ -189,3 +190,34 @@ async def test_one_users_expiry_and_pruning(conn: asyncpg.Connection, scope: Sco
         await retention.live_sessions(db, [(scope, "s1"), (scope, "s2")], user=user)
 
     _assert_single_shard(await _recorded(conn, run), expected_at_least=5)
+
+
+async def test_prefetch_reads(conn: asyncpg.Connection, scope: Scope) -> None:
+    """Every read a Prefetch build makes (its version, core and persona facts, blocks, the
+    topic -> episode -> fact walk, recent facts), each on the user's shard alone."""
+    await _remember(conn, scope, "Alice likes hiking in the Alps")
+    vector = np.random.default_rng(11).standard_normal(384).astype(np.float32)
+    vector /= np.linalg.norm(vector)
+    some_ids = [uuid.uuid4()]
+
+    async def run(rec: Recorder) -> None:
+        db: Any = rec
+        await versions.current_version(db, scope.tenant_id, scope.user_id)
+        await prefetch_sql.core_facts(db, scope, core_role="core", limit=10, timeout_s=10)
+        await prefetch_sql.block_texts(db, scope, timeout_s=10)
+        await prefetch_sql.persona_facts(db, scope, limit=10, timeout_s=10)
+        await prefetch_sql.topics(
+            db,
+            scope,
+            hint="hiking",
+            vector=vector,
+            model_id="test-model",
+            patterns=[],
+            limit=5,
+            timeout_s=10,
+        )
+        await prefetch_sql.episodes(db, scope, topic_ids=some_ids, recent=3, limit=5, timeout_s=10)
+        await prefetch_sql.walk_facts(db, scope, episode_ids=some_ids, limit=10, timeout_s=10)
+        await prefetch_sql.recent_facts(db, scope, core_role="core", limit=10, timeout_s=10)
+
+    _assert_single_shard(await _recorded(conn, run), expected_at_least=8)

@@ -1,4 +1,5 @@
-"""tests/test_erasure.py again, on the Citus cluster of this session (tests/cluster/conftest.py
-gives every fixture the coordinator): the same tests, unchanged, must hold there too."""
+"""tests/test_erasure.py again, on this session's Citus cluster
+(tests/cluster/conftest.py gives every fixture the coordinator): the same tests, unchanged,
+must hold there too."""
 
 from tests.test_erasure import *  # noqa: F403
