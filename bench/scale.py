@@ -118,8 +118,13 @@ def main() -> None:
     text = phases[0].summary()
     notes = [
         f"{seeded.memories:,} memories, {seeded.messages:,} messages, {seeded.episodes:,} "
-        f"episodes over {seeded.users:,} users; seeded in {seeded.seconds:.0f} s",
-        f"HNSW index builds (s): {seeded.index_build_s}",
+        f"episodes over {seeded.users:,} users; "
+        + (
+            f"seeded in {seeded.seconds:.0f} s"
+            if seeded.seconds
+            else f"seeded by an earlier run into {args.data_dir} (see its result)"
+        ),
+        f"HNSW index builds (s): {seeded.index_build_s or 'see the run that seeded'}",
         f"database {size['database_mb']} MB; largest tables (MB, with indexes): "
         f"{size['largest_tables_mb']}",
         f"server RSS after the run: {rss_mb} MB ({args.processes} process(es))",
