@@ -21,6 +21,7 @@ from memsvc.server.processes import ServingProcesses
 from memsvc.server.runtime import Runtime, pii_defaults
 from memsvc.storage import api_keys, tenant_settings
 from memsvc.storage.migrate import migrate
+from memsvc.storage.pool import apply_migrations
 
 log = logging.getLogger("memsvc")
 
@@ -205,11 +206,7 @@ async def _run_worker(settings: Settings, once: bool) -> None:
 
 
 async def _run_migrate(settings: Settings) -> None:
-    conn = await asyncpg.connect(settings.pg_dsn, timeout=10)
-    try:
-        applied = await migrate(conn, embedding_dim=settings.embedding_dim)
-    finally:
-        await conn.close()
+    applied = await apply_migrations(settings)
     print(f"applied: {', '.join(applied) if applied else 'nothing (up to date)'}")
 
 

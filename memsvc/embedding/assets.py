@@ -54,11 +54,8 @@ def tokenizer_path() -> Path:
 
 def sha256_file(path: Path) -> str:
     """Hex sha256 of a file's contents."""
-    digest = hashlib.sha256()
     with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def default_tokenizer_path() -> Path:

@@ -36,13 +36,11 @@ from dataclasses import dataclass, field
 from multiprocessing.context import SpawnProcess
 from types import FrameType
 
-import asyncpg
-
 from memsvc.config import ConfigError, Settings
 from memsvc.embedded.process import pick_free_port
 from memsvc.observability import log_format
 from memsvc.server.app import MemsvcServer, serve_until_signalled
-from memsvc.storage.migrate import migrate
+from memsvc.storage.pool import apply_migrations
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +132,9 @@ class ServingProcesses:
         """Migrate, start the children, keep them running until a stop is requested; the
         exit code (0, or CHILD_FAILED when a child could not start)."""
         settings = self._settings
-        asyncio.run(_migrate(settings))
+        # Once, before any child: N children starting together would queue on the
+        # migration lock, each on its own connection.
+        asyncio.run(apply_migrations(settings))
         self.port = settings.grpc_port or pick_free_port(settings.grpc_host)
         previous = {
             sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)
@@ -217,14 +217,3 @@ class ServingProcesses:
                 log.error("serving process %d did not stop in time: killed", child.spec.index)
                 child.process.kill()
                 child.process.join(5.0)
-
-
-async def _migrate(settings: Settings) -> None:
-    """Once, before any child: N children starting together would queue on the migration
-    lock, each on its own connection."""
-    assert settings.pg_dsn is not None, "pg_dsn must be resolved before the children start"
-    conn = await asyncpg.connect(settings.pg_dsn, timeout=10)
-    try:
-        await migrate(conn, embedding_dim=settings.embedding_dim)
-    finally:
-        await conn.close()

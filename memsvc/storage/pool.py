@@ -42,14 +42,19 @@ async def _keep_session(conn: Connection) -> None:
     calling this."""
 
 
-async def connect_and_migrate(settings: Settings) -> asyncpg.Pool:
-    """Apply migrations over one connection, then open the pool the service uses."""
+async def apply_migrations(settings: Settings) -> list[str]:
+    """Apply the missing migrations over one connection of its own; the names applied."""
     assert settings.pg_dsn is not None, "pg_dsn must be resolved before connecting"
     conn = await asyncpg.connect(settings.pg_dsn, timeout=10)
     try:
-        await migrate(conn, embedding_dim=settings.embedding_dim)
+        return await migrate(conn, embedding_dim=settings.embedding_dim)
     finally:
         await conn.close()
+
+
+async def connect_and_migrate(settings: Settings) -> asyncpg.Pool:
+    """Apply migrations over one connection, then open the pool the service uses."""
+    await apply_migrations(settings)
     pool: asyncpg.Pool = await asyncpg.create_pool(
         settings.pg_dsn,
         min_size=settings.pg_pool_min,
