@@ -290,6 +290,57 @@ async def test_kick_drains_only_that_users_work(new_caller, server) -> None:  # 
     await worker.stop(grace_s=1)
 
 
+async def test_reads_kick_only_users_whose_work_was_announced(new_caller, server) -> None:  # type: ignore[no-untyped-def]
+    """With its listener connected, a worker claims for a reading user only when that
+    user's work was announced on the outbox channel: a burst of reads by users with nothing
+    pending costs the database no claim statement."""
+    a: Caller = await new_caller()
+    worker = make_worker(server, RulesExtractor())
+    await worker.start()
+    try:
+        for _ in range(100):
+            if worker._listening:
+                break
+            await asyncio.sleep(0.05)
+        assert worker._listening
+        kicked: list[str | None] = []
+        claim = worker._claim_and_run
+
+        async def spy(*, tenant_id: str | None = None, user_id: str | None = None) -> int:
+            kicked.append(user_id)
+            return await claim(tenant_id=tenant_id, user_id=user_id)
+
+        worker._claim_and_run = spy  # type: ignore[method-assign]
+        worker.kick(a.tenant_id, "nobody")
+        await asyncio.sleep(0.1)
+        assert "nobody" not in kicked
+        reply = await ingest(a, [msg("alice", "I live in Kyoto.")])
+        for _ in range(100):
+            if f"{a.tenant_id}:alice" in worker._announced:
+                break
+            await asyncio.sleep(0.02)
+        worker.kick(a.tenant_id, "alice")
+        for _ in range(100):
+            if (await status(a, reply.ingest_id)).state == pb.INGEST_STATE_DONE:
+                break
+            await asyncio.sleep(0.05)
+        assert "alice" in kicked
+        assert (await status(a, reply.ingest_id)).state == pb.INGEST_STATE_DONE
+        # Drained: the next read of alice's finds nothing announced and kicks nothing.
+        for _ in range(100):
+            if f"{a.tenant_id}:alice" not in worker._announced:
+                break
+            worker.kick(a.tenant_id, "alice")
+            await asyncio.sleep(0.05)
+        assert f"{a.tenant_id}:alice" not in worker._announced
+        before = kicked.count("alice")
+        worker.kick(a.tenant_id, "alice")
+        await asyncio.sleep(0.1)
+        assert kicked.count("alice") == before
+    finally:
+        await worker.stop(grace_s=1)
+
+
 @pytest.fixture
 async def server_with_worker(settings: Settings, embedder: Embedder) -> AsyncIterator[MemsvcServer]:
     s = dataclasses.replace(settings, worker_sweep_interval_s=300.0)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import random
 import socket
@@ -50,6 +51,8 @@ DATABASE_DOWN = (
 
 
 # The listener's reconnect delays (seconds): exponential from the first, capped.
+# Users with announced work a worker remembers for its read kicks (a set of short strings).
+MAX_ANNOUNCED = 100_000
 _LISTEN_BACKOFF_BASE_S = 0.5
 _LISTEN_BACKOFF_MAX_S = 10.0
 
@@ -97,6 +100,15 @@ class OutboxWorker:
         self._tasks: set[asyncio.Task[object]] = set()
         self._jobs: set[asyncio.Task[object]] = set()
         self._kicked: set[tuple[str, str]] = set()
+        # Users with work announced on the outbox channel ("tenant:user", the NOTIFY payload)
+        # and not yet found drained by a kick: while the listener is connected, a read of
+        # anyone else kicks nothing (a claim statement per read, for nobody's work, doubled
+        # the database's load under a burst of reads). Unknown while it is not connected.
+        self._announced: set[str] = set()
+        self._listening = False
+        # When the set last overflowed (it is then cleared): kicks are not selective for a
+        # sweep interval, after which the loop has claimed whatever was due then.
+        self._overflowed_at = -math.inf
         # Claims in flight: a job being claimed is not yet in _jobs, but is work in progress.
         self._claiming = 0
         self._rng = random.Random()
@@ -155,15 +167,21 @@ class OutboxWorker:
         self._wake.set()
 
     def kick(self, tenant_id: str, user_id: str) -> None:
-        """Drain this user's due jobs now (fire and forget; concurrent kicks coalesce)."""
+        """Drain this user's due jobs now (fire and forget; concurrent kicks coalesce). Only
+        for a user whose work was announced, while the listener hears announcements."""
         key = (tenant_id, user_id)
+        announced = f"{tenant_id}:{user_id}"
         if self._stopping.is_set() or key in self._kicked:
+            return
+        if self._selective() and announced not in self._announced:
             return
         self._kicked.add(key)
 
         async def drain() -> None:
             try:
-                await self._claim_and_run(tenant_id=tenant_id, user_id=user_id)
+                if not await self._claim_and_run(tenant_id=tenant_id, user_id=user_id):
+                    # Nothing due now (a job not due yet is the sweep's to claim).
+                    self._announced.discard(announced)
             except DATABASE_DOWN as exc:
                 # Best effort, and nobody awaits this task: an escaping error would only be
                 # logged as never retrieved, once per read while the database is down. The
@@ -226,6 +244,20 @@ class OutboxWorker:
         metrics.OUTBOX_DEPTH.set(depth)
         metrics.OUTBOX_AGE.set(age)
 
+    def _selective(self) -> bool:
+        """Whether the announced set says who has work: the listener is connected and the
+        set has not overflowed within the last sweep interval."""
+        recent = time.monotonic() - self._overflowed_at < self._settings.sweep_interval_s
+        return self._listening and not recent
+
+    def _on_announced(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
+        if len(self._announced) >= MAX_ANNOUNCED:
+            # Never unbounded: start again from nothing, kicking every reader for a while.
+            self._announced.clear()
+            self._overflowed_at = time.monotonic()
+        self._announced.add(str(payload))
+        self._wake.set()
+
     async def _listen(self) -> None:
         """LISTEN for new jobs on a dedicated connection; reconnect with backoff when it drops."""
         failures = 0
@@ -239,14 +271,16 @@ class OutboxWorker:
                 )
                 lost = asyncio.Event()
                 conn.add_termination_listener(lambda _c, lost=lost: lost.set())
-                await conn.add_listener(CHANNEL, lambda *_args: self._wake.set())
+                await conn.add_listener(CHANNEL, self._on_announced)
                 failures = 0
+                self._listening = True
                 # Jobs may have arrived while we were not listening.
                 self._wake.set()
                 await lost.wait()
             except DATABASE_DOWN as exc:
                 log.info("outbox listener unavailable (%s); retrying", type(exc).__name__)
             finally:
+                self._listening = False
                 if conn is not None and not conn.is_closed():
                     await conn.close(timeout=2)
             failures += 1
