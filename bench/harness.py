@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import json
 import math
 import os
@@ -217,6 +218,9 @@ class Phase:
     outcomes: list[str]
     wall_s: float
     server_total_ms: list[float] = field(default_factory=list)
+    # How late the load generator started each call (its own loop's lag): when this grows,
+    # lateness is the client's, not the server's.
+    start_lags_s: list[float] = field(default_factory=list)
 
     def summary(self) -> Summary:
         return summarize(self.name, self.latencies_s, self.outcomes, self.deadline_s, self.wall_s)
@@ -231,6 +235,14 @@ class Phase:
             for lat, o in zip(self.latencies_s, self.outcomes, strict=True)
         ]
 
+    def start_lag_ms(self) -> dict[str, float] | None:
+        """p50 / p99 / max of how late the load generator started the calls."""
+        if not self.start_lags_s:
+            return None
+        lags = np.asarray(self.start_lags_s) * 1000
+        p50, p99 = np.percentile(lags, [50, 99])
+        return {"p50": float(p50), "p99": float(p99), "max": float(lags.max())}
+
     def as_dict(self) -> dict[str, Any]:
         ms = np.asarray(self.latencies_s) * 1000
         return {
@@ -240,6 +252,7 @@ class Phase:
             "server_total_ms_p50": float(np.median(self.server_total_ms))
             if self.server_total_ms
             else None,
+            "client_start_lag_ms": self.start_lag_ms(),
             # In call order (= scheduled time): stalls show up as runs of slow calls.
             "latencies_ms": [round(float(x), 1) for x in ms],
         }
@@ -388,9 +401,11 @@ async def open_loop(
     """
     latencies = [0.0] * count
     outcomes = [""] * count
+    start_lags = [0.0] * count
     tasks: list[asyncio.Task[None]] = []
 
     async def one(i: int, scheduled: float) -> None:
+        start_lags[i] = time.perf_counter() - scheduled
         try:
             outcome = await call(i) or "ok"
         except grpc.aio.AioRpcError as exc:
@@ -402,13 +417,22 @@ async def open_loop(
             outcome = LATE
         outcomes[i] = outcome
 
-    start = await paced(
-        lambda i, scheduled: tasks.append(asyncio.create_task(one(i, scheduled))),
-        rate_per_s=rate_per_s,
-        count=count,
-    )
-    await finished(tasks)
-    return Phase(name, rate_per_s, deadline_s, latencies, outcomes, time.perf_counter() - start)
+    # The load generator's own garbage collector stays off while it measures: a full
+    # collection over thousands of live calls stops its loop for tens of ms, and every answer
+    # waiting then would be counted late against the server.
+    gc.collect()
+    gc.disable()
+    try:
+        start = await paced(
+            lambda i, scheduled: tasks.append(asyncio.create_task(one(i, scheduled))),
+            rate_per_s=rate_per_s,
+            count=count,
+        )
+        await finished(tasks)
+    finally:
+        gc.enable()
+    wall_s = time.perf_counter() - start
+    return Phase(name, rate_per_s, deadline_s, latencies, outcomes, wall_s, start_lags_s=start_lags)
 
 
 def result_paths(kind: str) -> tuple[Path, Path]:

@@ -194,7 +194,8 @@ async def drive(target: Target, args: argparse.Namespace, metrics_port: int) -> 
             print(
                 f"  {factor:g}x: OK share {share:.1%}, DEADLINE_EXCEEDED "
                 f"{counts.get('DEADLINE_EXCEEDED', 0)}, late {counts.get(LATE, 0)}; "
-                f"as the server answered: {dict(+server_side)}; CPU ms per call {cpu}"
+                f"as the server answered: {dict(+server_side)}; CPU ms per call {cpu}; "
+                f"load generator's start lag ms {phase.start_lag_ms()}"
             )
             phases.append(phase)
             overloads.append(

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -41,6 +43,7 @@ from memsvc.retrieval.fusion import rrf
 from memsvc.retrieval.lexical import cjk_patterns, lexical_sql
 from memsvc.retrieval.query import Hit, ItemKind
 from memsvc.retrieval.ranking import final_order
+from memsvc.retrieval.recall import RecallConfig, RecallService
 from memsvc.retrieval.scope_filter import keep_visible, memory_visible, visible
 from memsvc.retrieval.sources import statement_timeout
 from memsvc.server.admission import InFlightLimit
@@ -825,3 +828,26 @@ def test_statement_timeout_is_a_backstop_after_the_budget() -> None:
     assert budget.remaining() < statement_timeout(budget) <= budget.remaining() + 0.2
     spent = Budget(0.0)
     assert statement_timeout(spent) > 0  # asyncpg refuses a zero timeout
+
+
+async def test_legs_stop_earlier_on_a_lagging_loop() -> None:
+    # The timer that stops the legs, and the callbacks that send the answer, each run as
+    # late as the loop is: a lagging server keeps twice its lag back from the legs.
+    lag = LoopLag(interval_s=0.01, window=3)
+    config = dataclasses.replace(RecallConfig.from_settings(Settings()), answer_headroom=0.1)
+    # Only the budget arithmetic runs: no pool, embedder or runner is touched.
+    service = RecallService(cast(Any, None), cast(Any, None), cast(Any, None), config, loop_lag=lag)
+    budget = Budget(0.2)
+    idle = service._legs_budget_s(budget)
+    assert 0.17 < idle <= 0.18
+    lag.start()
+    try:
+        for _ in range(6):  # a saturated loop: every tick about 40 ms late
+            time.sleep(0.05)  # noqa: ASYNC251
+            await asyncio.sleep(0)
+        assert lag.lag_s > 0.03
+        assert service._legs_budget_s(budget) <= idle - 2 * lag.lag_s + 0.005
+        late = Budget(0.05)
+        assert service._legs_budget_s(late) == 0.0  # nothing left: the legs stop at once
+    finally:
+        lag.stop()
