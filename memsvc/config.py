@@ -348,6 +348,13 @@ class Settings:
         "while the event loop stays this late (a saturated CPU), new reads get "
         "`RESOURCE_EXHAUSTED` at once (`0`: off)",
     )
+    reads_max_cpu_busy: float = setting(
+        0.9,
+        "while the machine's CPUs (all of them, whoever uses them) are busier than this "
+        "share, Recall answers without its query embedding (`degraded`) and each process "
+        "admits fewer reads at a time (`RESOURCE_EXHAUSTED`), so answers leave in time "
+        "(`0`: off)",
+    )
     packet_ttl_s: int = setting(600, "lifetime of a cached Prefetch packet")
     # Packet warming (prefetch/warmer.py): after a change, rebuild the hint-less packets the
     # user asked for lately, so the next call setup is a cache hit.
@@ -639,6 +646,8 @@ class Settings:
             raise ConfigError("MEMSVC_DEFAULT_PAGE_SIZE must be within 1..MEMSVC_MAX_PAGE_SIZE")
         if not 0 < self.recall_embed_admit_share <= 1:
             raise ConfigError("MEMSVC_RECALL_EMBED_ADMIT_SHARE must be in (0, 1]")
+        if not 0 <= self.reads_max_cpu_busy <= 1:
+            raise ConfigError("MEMSVC_READS_MAX_CPU_BUSY must be in [0, 1]")
         if not 0 <= self.recall_answer_headroom <= 0.5:
             raise ConfigError("MEMSVC_RECALL_ANSWER_HEADROOM must be within 0..0.5")
         if self.recall_lexical_enough_below_ms < 0:

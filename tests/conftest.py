@@ -70,6 +70,10 @@ def settings(backing_urls: tuple[str, str]) -> Settings:
         # Packet warming off in the shared server: tests that count cache misses and builds
         # must not race a background rebuild. tests/test_prefetch_warm.py turns it on.
         prefetch_warm=False,
+        # The machine gate off: the suite itself keeps both cores busy (pytest, PostgreSQL,
+        # the embedder), and a Recall degraded because of that would fail tests about
+        # something else. tests/test_cpu_busy.py turns it on with a CPU reading it controls.
+        reads_max_cpu_busy=0.0,
     )
 
 

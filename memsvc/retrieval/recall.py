@@ -20,6 +20,7 @@ import asyncpg
 import numpy as np
 import numpy.typing as npt
 
+from memsvc.concurrency.cpu_busy import CpuBusy
 from memsvc.concurrency.deadline import Budget
 from memsvc.concurrency.fanout import LegRunner, late
 from memsvc.concurrency.loop_lag import LoopLag
@@ -71,6 +72,8 @@ class RecallConfig:
     roles: tuple[str, ...]
     half_life_days: float
     max_loop_lag_s: float = 0.0
+    # Busier than this machine-wide CPU share, the query is not embedded (0: off).
+    max_cpu_busy: float = 0.0
     # Budgets up to this long (voice) do not wait for the embedding and the dense leg when
     # the lexical leg suffices (leg_policy); 0: always wait.
     lexical_enough_below_s: float = 0.0
@@ -98,6 +101,7 @@ class RecallConfig:
             roles=settings.roles,
             half_life_days=settings.half_life_days,
             max_loop_lag_s=settings.reads_max_loop_lag_ms / 1000,
+            max_cpu_busy=settings.reads_max_cpu_busy,
             lexical_enough_below_s=settings.recall_lexical_enough_below_ms / 1000,
             embed_admit_share=settings.recall_embed_admit_share,
             answer_headroom=settings.recall_answer_headroom,
@@ -154,6 +158,7 @@ class RecallService:
         config: RecallConfig,
         *,
         loop_lag: LoopLag | None = None,
+        cpu_busy: CpuBusy | None = None,
         references: ReferenceRecorder | None = None,
     ) -> None:
         self._pool = pool
@@ -161,6 +166,7 @@ class RecallService:
         self._runner = runner
         self._config = config
         self._loop_lag = loop_lag
+        self._cpu_busy = cpu_busy if config.max_cpu_busy > 0 else None
         self._references = references
         self._lexical_s = 0.0
         self._lexical_at = 0.0
@@ -174,6 +180,24 @@ class RecallService:
         age_s = time.monotonic() - self._lexical_at
         decay: float = 0.5 ** (age_s / self.FLOOR_HALF_LIFE_S)
         return self._lexical_s * decay + lag_s
+
+    def _machine_saturated(self, text: str) -> bool:
+        """The machine's CPUs busier than configured and ``text`` not embedded yet: its ~10
+        ms of CPU would push every answer on the machine later (a cached vector costs none)."""
+        cpu = self._cpu_busy
+        return (
+            cpu is not None
+            and cpu.busy > self._config.max_cpu_busy
+            and self._embedder.cached(text) is None
+        )
+
+    def _legs_budget_s(self, budget: Budget) -> float:
+        """How long the legs may run: the budget less its headroom, and less twice the loop's
+        current lag. On a lagging loop the timer that stops the legs fires that late, and the
+        callbacks that send the answer run that late again; without this a saturated server
+        answers a few tens of ms after the deadline it meant to keep."""
+        lag_s = self._loop_lag.lag_s if self._loop_lag is not None else 0.0
+        return max(0.0, budget.remaining() * (1.0 - self._config.answer_headroom) - 2 * lag_s)
 
     async def _dense(
         self, query: RecallQuery, budget: Budget, limit: int, progress: _DenseProgress
@@ -237,11 +261,15 @@ class RecallService:
         shed: tuple[str, ...] = ()
         # Fact-only filters leave no kind to search when facts were not asked for.
         if query.wants_dense and query.search_kinds:
-            if query.vector is None and not self._embedder.admits(
-                query.text, self._config.embed_admit_share * budget.remaining()
+            if query.vector is None and (
+                self._machine_saturated(query.text)
+                or not self._embedder.admits(
+                    query.text, self._config.embed_admit_share * budget.remaining()
+                )
             ):
-                # The embedder is busier than this budget allows: answer from the lexical
-                # leg alone now, rather than wait in its queue and answer late.
+                # The embedder is busier than this budget allows, or the machine has no CPU
+                # left for it: answer from the lexical leg alone now, rather than wait in its
+                # queue (or for a core) and answer late.
                 shed = (EMBED, DENSE)
             else:
                 legs[DENSE] = self._dense(query, budget, limit, progress)
@@ -265,9 +293,7 @@ class RecallService:
             and budget.remaining() <= self._config.lexical_enough_below_s
         )
         results = await self._runner.run(
-            legs,
-            budget_s=budget.remaining() * (1.0 - self._config.answer_headroom),
-            settle=_dense_unneeded if policy else None,
+            legs, budget_s=self._legs_budget_s(budget), settle=_dense_unneeded if policy else None
         )
         skipped: tuple[str, ...] = ()
         lexical_result = results.get(LEXICAL)

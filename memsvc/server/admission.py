@@ -2,7 +2,9 @@
 
 Two gates. Per tenant, after authentication: a token bucket and a cap on calls in flight, so
 one tenant cannot take every slot of the server. Per process, for reads: a cap on Recall +
-Prefetch in flight, past which a read is shed rather than left to answer late.
+Prefetch in flight, past which a read is shed rather than left to answer late; the cap
+shrinks while the machine's CPUs are saturated (concurrency/cpu_busy.py), whoever saturates
+them.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from memsvc.concurrency.cpu_busy import CpuBusy
 from memsvc.errors import ResourceExhausted
 from memsvc.observability import metrics
 
@@ -45,6 +48,12 @@ class InFlightLimit:
 
     # Weight of the newest read in the moving averages.
     ALPHA = 0.1
+    # The machine gate (``cpu``): each measurement that finds the machine's CPUs busier than
+    # ``max_cpu_busy`` multiplies the cap by CPU_DECREASE, down to MIN_CAP; each one that
+    # does not adds a read back, up to ``limit`` (additive increase, multiplicative decrease:
+    # every serving process sees the same machine and backs off with the others).
+    CPU_DECREASE = 0.8
+    MIN_CAP = 2
 
     def __init__(
         self,
@@ -52,6 +61,8 @@ class InFlightLimit:
         *,
         queue_share: float = 0.4,
         clock: Callable[[], float] = time.monotonic,
+        cpu: CpuBusy | None = None,
+        max_cpu_busy: float = 0.0,
     ) -> None:
         if limit < 1:
             raise ValueError(f"limit must be >= 1, got {limit}")
@@ -64,10 +75,33 @@ class InFlightLimit:
         self._latency_s = 0.0
         self._ahead = 0.0
         self._seen = False
+        self._cpu = cpu if max_cpu_busy > 0 else None
+        self._max_cpu_busy = max_cpu_busy
+        self._cap = float(limit)
+        self._cpu_samples = 0
 
     @property
     def in_flight(self) -> int:
         return self._in_flight
+
+    @property
+    def cap(self) -> int:
+        """Reads admitted at a time now: ``limit``, less while the machine is saturated."""
+        self._adapt_cap()
+        return max(self.MIN_CAP, min(self._limit, int(self._cap)))
+
+    def _adapt_cap(self) -> None:
+        cpu = self._cpu
+        if cpu is None or cpu.samples == self._cpu_samples:
+            return
+        # Read lazily, on a read's arrival: the measurements since the last read count as
+        # many like the newest (only its busy share is kept).
+        missed = cpu.samples - self._cpu_samples
+        self._cpu_samples = cpu.samples
+        if cpu.busy > self._max_cpu_busy:
+            self._cap = max(float(self.MIN_CAP), self._cap * self.CPU_DECREASE**missed)
+        else:
+            self._cap = min(float(self._limit), self._cap + missed)
 
     @property
     def latency_s(self) -> float:
@@ -99,6 +133,13 @@ class InFlightLimit:
         ahead = self._in_flight
         if ahead >= self._limit:
             raise _shed(f"more than {self._limit} reads in flight on this server")
+        cap = self.cap
+        if ahead >= cap:
+            busy = self._cpu.busy if self._cpu is not None else 0.0
+            raise _shed(
+                f"this machine's CPUs are saturated ({busy:.0%} busy): this server takes "
+                f"{cap} reads at a time until they are not"
+            )
         if budget_s is not None and floor_s is not None:
             if floor_s > self._queue_share * budget_s:
                 raise _shed(

@@ -96,6 +96,7 @@ class MemsvcServer:
                 on_read=(lambda s: worker.kick(s.tenant_id, s.user_id)) if worker else None,
                 core_blocks=runtime.core_blocks,
                 changes=runtime.changes,
+                cpu_busy=runtime.cpu_busy,
             )
             if runtime.warmer is not None:
                 # Rebuilds packets after changes (any process's), after this server's reads.

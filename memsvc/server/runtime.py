@@ -13,6 +13,7 @@ from memsvc.cache.invalidation import PacketInvalidator
 from memsvc.cache.packets import PacketCache
 from memsvc.cache.warm_shapes import MAX_SHAPES as WARM_MAX_SHAPES
 from memsvc.cache.warm_shapes import WarmShapes
+from memsvc.concurrency.cpu_busy import CpuBusy
 from memsvc.concurrency.fanout import LegRunner
 from memsvc.concurrency.loop_lag import LoopLag
 from memsvc.config import ConfigError, Settings
@@ -126,6 +127,8 @@ class Runtime:
     ingest: IngestService
     recall: RecallService
     prefetch: PrefetchService
+    # The machine's CPU busy share, for the read gates (None: MEMSVC_READS_MAX_CPU_BUSY=0).
+    cpu_busy: CpuBusy | None
     export: ExportService
     changes: ChangeStream
     listener: ChangeListener
@@ -153,6 +156,7 @@ class Runtime:
         self._with_worker = settings.run_workers if with_worker is None else with_worker
         self._stack = AsyncExitStack()
         self.worker = None
+        self.cpu_busy = None
 
     async def start(self) -> None:
         settings = self.settings
@@ -404,12 +408,17 @@ class Runtime:
         loop_lag = LoopLag()
         loop_lag.start()
         self._stack.callback(loop_lag.stop)
+        if settings.reads_max_cpu_busy > 0:
+            self.cpu_busy = CpuBusy()
+            self.cpu_busy.start()
+            self._stack.callback(self.cpu_busy.stop)
         self.recall = RecallService(
             self.pool,
             query_embedder,
             runner,
             RecallConfig.from_settings(settings),
             loop_lag=loop_lag,
+            cpu_busy=self.cpu_busy,
             references=self.references,
         )
         self.prefetch = PrefetchService(

@@ -10,6 +10,7 @@ from typing import TypeVar
 
 import grpc
 
+from memsvc.concurrency.cpu_busy import CpuBusy
 from memsvc.concurrency.deadline import Budget
 from memsvc.config import Settings
 from memsvc.embedding import EmbeddingError
@@ -119,6 +120,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         sessions: SessionService | None = None,
         core_blocks: CoreBlockService | None = None,
         changes: ChangeStream | None = None,
+        cpu_busy: CpuBusy | None = None,
     ) -> None:
         self._changes = changes
         self._sessions = sessions
@@ -138,7 +140,10 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         self._on_read = on_read
         self._on_read_tasks: set[asyncio.Future[object]] = set()
         self._reads = InFlightLimit(
-            settings.reads_max_in_flight, queue_share=settings.reads_queue_share
+            settings.reads_max_in_flight,
+            queue_share=settings.reads_queue_share,
+            cpu=cpu_busy,
+            max_cpu_busy=settings.reads_max_cpu_busy,
         )
         self._tenants = TenantLimits(
             rate_per_s=settings.tenant_rate_per_s,
