@@ -67,6 +67,7 @@ from bench.harness import (
 )
 from bench.plots import latency_cdf
 from memsvc.cache.keys import packet_key, user_index_key
+from memsvc.cache.packets import STORE_SCRIPT
 from memsvc.concurrency.deadline import Budget
 from memsvc.config import Settings
 from memsvc.embedding.onnx_minilm import OnnxMiniLMEmbedder
@@ -458,11 +459,11 @@ async def floor_phases(
 
         await asyncio.gather(core(), relevant())
         # The packet stored as the service stores it (a stand-in of a packet's size).
-        pipe = redis_client.pipeline(transaction=True)
-        pipe.set(key, PACKET_STAND_IN, px=settings.packet_ttl_s * 1000)
-        pipe.sadd(user_index_key(s.tenant_id, s.user_id), key)
-        pipe.expire(user_index_key(s.tenant_id, s.user_id), settings.packet_ttl_s)
-        await pipe.execute()
+        index = user_index_key(s.tenant_id, s.user_id)
+        ttl_ms = settings.packet_ttl_s * 1000
+        await redis_client.eval(
+            STORE_SCRIPT, 2, key, index, PACKET_STAND_IN, ttl_ms, settings.packet_ttl_s
+        )
         return "miss"
 
     phases: list[Phase] = []

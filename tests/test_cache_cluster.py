@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -96,7 +98,7 @@ def stored_on(node: ClusterNodeValkey, *keys: str) -> int:
     ("tenant", "user"), [("t", "alice"), ("t{1}", "a}b{c"), ("x" * 200, ""), ("t:1", ":")]
 )
 def test_every_key_of_a_user_is_in_one_slot(tenant: str, user: str) -> None:
-    # UNLINK of the index with its members and the MULTI of put() need one slot.
+    # UNLINK of the index with its members and the scripts of put() and record() need one slot.
     keys = [
         user_index_key(tenant, user),
         packet_key(tenant, user, "shape a"),
@@ -266,7 +268,7 @@ async def test_erasure_drops_the_users_keys_on_the_cluster(
 async def test_the_warmer_rebuilds_on_the_cluster(
     caller: Caller, cluster: EmbeddedValkeyCluster, start_server: StartServer
 ) -> None:
-    # Shapes (a MULTI on one key), the rebuild lock (SET NX) and the packet, all on the cluster.
+    # Shapes (a script on one key), the rebuild lock (SET NX) and the packet, all on the cluster.
     srv, channel = await start_server(
         redis_url=cluster.url, prefetch_warm=True, prefetch_warm_delay_ms=50
     )
@@ -283,6 +285,70 @@ async def test_the_warmer_rebuilds_on_the_cluster(
     await settled(lambda: warm_count("built") > built and not warmer.pending)
     warmed = await own.Prefetch(request, timeout=2)
     assert warmed.cache == HIT and "Flies economy" in warmed.text
+
+
+async def test_concurrent_misses_are_all_stored_through_the_cluster(
+    caller: Caller,
+    cluster: EmbeddedValkeyCluster,
+    start_server: StartServer,
+    inspect: RedisCluster,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Many packets built at once, for users on every master: each is stored (and its shape
+    # recorded for the warmer), none BYPASSED. redis-py's cluster client runs every command
+    # queued in a MULTI pipeline in a thread of its own (asyncio.run), joined while the
+    # serving loop waits: the stalls added up under concurrent misses and ran other calls'
+    # cache operations past their bound. So no thread may come from redis-py either.
+    from_redis: list[str] = []
+    real_start = threading.Thread.start
+
+    def start(thread: threading.Thread) -> None:
+        caller_file = Path(sys._getframe(1).f_code.co_filename)
+        if "redis" in caller_file.parts:
+            from_redis.append(str(caller_file))
+        real_start(thread)
+
+    srv, channel = await start_server(
+        redis_url=cluster.url, prefetch_warm=True, reads_max_loop_lag_ms=0
+    )
+    own = stub_for(channel, caller)
+    warmer = srv.runtime.warmer
+    assert warmer is not None
+    by_master: dict[int, list[str]] = {node.port: [] for node in cluster.nodes}
+    for user in (f"busy{i}" for i in range(200)):
+        owned = by_master[cluster.owner(user_index_key(caller.tenant_id, user)).port]
+        if len(owned) < 3:
+            owned.append(user)
+    spread = [user for owned in by_master.values() for user in owned]
+    assert len(spread) == 3 * len(cluster.nodes)
+    for user in spread:
+        await remember(own, f"{user} prefers window seats", user=user)
+    await settled(lambda: not warmer.pending, after_s=0.3)  # nothing recorded to rebuild yet
+
+    budgets = [pb.PacketBudget(chars=1000 + 100 * i) for i in range(3)]  # a shape each
+    requests = [
+        pb.PrefetchRequest(scope=pscope(user), session_id="s", budget=budget)
+        for user in spread
+        for budget in budgets
+    ]
+    # Connections to every master opened first, as a serving process has them: opening one
+    # costs about a millisecond of the loop, and dozens at once is another matter.
+    keys = [user_index_key(caller.tenant_id, user) for user in spread] * len(budgets)
+    await asyncio.gather(
+        *(srv.runtime.redis.run(lambda r, k=k: r.exists(k), timeout_s=5) for k in keys)
+    )
+    monkeypatch.setattr(threading.Thread, "start", start)
+    replies = await asyncio.gather(*(own.Prefetch(r, timeout=10) for r in requests))
+    await settled(lambda: not warmer._recording)  # shapes are recorded in the background
+    monkeypatch.undo()
+
+    assert [r.cache for r in replies] == [MISS] * len(requests)
+    for user in spread:
+        assert await inspect.scard(user_index_key(caller.tenant_id, user)) == len(budgets)
+        assert await inspect.zcard(warm_shapes_key(caller.tenant_id, user)) == len(budgets)
+    assert from_redis == []
+    again = await asyncio.gather(*(own.Prefetch(r, timeout=10) for r in requests))
+    assert [r.cache for r in again] == [HIT] * len(requests)
 
 
 async def settled(done: Callable[[], bool], *, after_s: float = 0.0) -> None:

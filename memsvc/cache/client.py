@@ -19,6 +19,15 @@ cancellation alone is not enough on Python 3.11: redis-py writes with ``asyncio.
 which swallows a cancellation that arrives as the write completes, and the cluster client
 then went on retrying for 0.3 to 3 s past a 50 ms bound (measured against a cluster with a
 killed master).
+
+Commands that must apply together are one Lua script (EVAL; their keys share the user's hash
+tag, so one slot), never a MULTI pipeline: redis-py's asyncio cluster client queues each
+command of a transactional pipeline by running it in a new thread with its own event loop
+(``asyncio.run``) and joining that thread while the serving loop waits. Each stored packet (3
+commands) then stalled the whole process, about 1 ms per command and past 10 ms when the
+machine is busy (the thread waits to be scheduled): built Prefetch through a 3-master cluster
+at 50 calls/s went to 0.3 to 0.5 s at p50 on a shared machine, and the stalls ran other calls'
+cache operations past their bound (BYPASSED).
 """
 
 from __future__ import annotations
@@ -108,7 +117,10 @@ class CacheClient:
             self._client = self._cluster()
         else:
             try:
-                self._single = aioredis.Redis.from_url(self._url, **self._options)  # type: ignore[arg-type]
+                # redis-py 8's pool stops at 100 connections and then raises (a cache
+                # failure: BYPASSED) instead of waiting: bounded like the cluster's nodes.
+                options = {"max_connections": MAX_CONNECTIONS_PER_NODE, **self._options}
+                self._single = aioredis.Redis.from_url(self._url, **options)  # type: ignore[arg-type]
             except ValueError as exc:  # a scheme or a parameter redis-py does not know
                 raise CacheURLError(str(exc)) from None
             if self._mode is Mode.SINGLE:
@@ -205,7 +217,7 @@ class CacheClient:
                 # that is down fails the call (the cache then bypasses itself) at once.
                 retry=Retry(NoBackoff(), 1),
                 # Per node; past it redis-py raises instead of waiting, which would count as
-                # a cache failure. A single-server client's pool is unbounded too.
+                # a cache failure. A single-server client's pool has the same bound.
                 max_connections=MAX_CONNECTIONS_PER_NODE,
                 **self._options,
             )

@@ -18,6 +18,16 @@ from memsvc.cache.keys import warm_lock_key, warm_shapes_key
 # Hint-less shapes kept per user (persona x agent x budget combinations asked for lately).
 MAX_SHAPES = 8
 
+# record(): add the shape, drop those older than the TTL, keep the newest max_shapes (ranks
+# ascend by score) and extend the set's life, together. A script rather than a MULTI pipeline
+# (cache/client.py says why).
+_RECORD = """
+redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[3])
+redis.call('ZREMRANGEBYRANK', KEYS[1], 0, ARGV[4])
+redis.call('EXPIRE', KEYS[1], ARGV[5])
+"""
+
 
 class WarmShapes:
     def __init__(
@@ -34,13 +44,8 @@ class WarmShapes:
         now = time.time()
 
         async def store(redis: Redis) -> None:
-            pipe = redis.pipeline(transaction=True)  # one key: one slot on a cluster
-            pipe.zadd(key, {shape: now})
-            pipe.zremrangebyscore(key, "-inf", now - self._ttl_s)
-            # Keep the newest max_shapes (ranks ascend by score).
-            pipe.zremrangebyrank(key, 0, -self._max_shapes - 1)
-            pipe.expire(key, self._ttl_s)
-            await pipe.execute()
+            since, keep = now - self._ttl_s, -self._max_shapes - 1
+            await redis.eval(_RECORD, 1, key, now, shape, since, keep, self._ttl_s)
 
         await self._client.run(store, timeout_s=self._timeout_s)
 
