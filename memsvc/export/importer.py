@@ -49,9 +49,9 @@ from memsvc.governance.guard import PiiGuard
 from memsvc.governance.pii import Screened
 from memsvc.memories.normalize import content_hash
 from memsvc.observability import metrics
+from memsvc.storage import changes, versions
 from memsvc.storage import imports as sql
 from memsvc.storage import messages as message_sql
-from memsvc.storage import versions
 from memsvc.storage.extraction import lock_user
 from memsvc.storage.imports import Column, json_array_column
 from memsvc.storage.model import Scope
@@ -124,6 +124,8 @@ class ImportService:
         self._pool = pool
         self._embedder = embedder
         self._invalidator = invalidator
+        # Each write wakes the user's change watchers where the trigger cannot (Citus).
+        self._waker = changes.Waker()
         self._guard = guard
         self._config = config
 
@@ -184,6 +186,7 @@ class ImportService:
             await writer.links(parsed)
             await writer.core_blocks(parsed.core_blocks, texts.core_blocks)
             await versions.bump_version(conn, target.tenant_id, target.user_id)
+            await self._waker.user(conn, target.tenant_id, target.user_id)
         await self._invalidator.drop_user(target.tenant_id, target.user_id)
         for kind in KINDS:
             metrics.IMPORT_RECORDS.labels(kind, "imported").inc(result.imported[kind])

@@ -81,6 +81,8 @@ class ExpiryTask:
     ) -> None:
         self._pool = pool
         self._invalidator = invalidator
+        # Expired memories wake the users' change watchers where the trigger cannot (Citus).
+        self._waker = changes.Waker()
         self._settings = settings
         self._rng = random.Random()
         self._task: asyncio.Task[None] | None = None
@@ -160,6 +162,7 @@ class ExpiryTask:
             scopes = await retention.expire_memories(conn, self._settings.batch, user=user)
             users = {(s.tenant_id, s.user_id) for s in scopes}
             await retention.bump_versions(conn, users)
+            await self._waker.users(conn, users)
         await self._invalidate(users)
         report.memories += len(scopes)
         report.batches += 1

@@ -55,8 +55,8 @@ from memsvc.ingest.payload import JobPayload, parse_payload
 from memsvc.memories.compaction import CoreCompactor
 from memsvc.memories.normalize import content_hash, normalize_content
 from memsvc.observability import metrics
+from memsvc.storage import changes, memories, messages, retention, versions
 from memsvc.storage import extraction as store
-from memsvc.storage import memories, messages, retention, versions
 from memsvc.storage.connection import Connection
 from memsvc.storage.model import NewMemory, Scope
 from memsvc.storage.outbox import Job
@@ -163,6 +163,9 @@ class ExtractionPipeline:
         self._embedder = embedder
         self._extractor = extractor
         self._invalidator = invalidator
+        # Each write (extraction, a session's end) wakes the user's change watchers where the
+        # trigger cannot (Citus).
+        self._waker = changes.Waker()
         self._settings = settings
         # The PII screen of extracted facts and episodes (default: redact every kind).
         self._guard = guard or PiiGuard.default()
@@ -211,6 +214,7 @@ class ExtractionPipeline:
             deleted = await retention.end_session(conn, scopes, job.session_id)
             if deleted:
                 await versions.bump_version(conn, job.scope.tenant_id, job.scope.user_id)
+                await self._waker.user(conn, job.scope.tenant_id, job.scope.user_id)
         if deleted:
             await self._invalidator.drop_user(job.scope.tenant_id, job.scope.user_id)
             metrics.EXPIRED.labels("memory").inc(deleted)
@@ -405,6 +409,7 @@ class ExtractionPipeline:
         if prepared.episode is not None:
             await self._write_episode(conn, job, speaker, prepared, touched, outcome)
         await versions.bump_version(conn, scope.tenant_id, scope.user_id)
+        await self._waker.user(conn, scope.tenant_id, scope.user_id)
         await store.finish_run(conn, scope, job.ingest_id, outcome.as_dict())
 
     async def _write_episode(

@@ -175,7 +175,9 @@ class IngestService:
     ) -> outbox.JobStatus:
         """The job's status, visible only within the tenant (and the exact scope when given)."""
         async with acquire(self._pool, budget, timeout_s=self._acquire_timeout_s) as conn:
-            found = await outbox.status(conn, tenant_id, ingest_id)
+            found = await outbox.status(
+                conn, tenant_id, ingest_id, user_id=scope.user_id if scope is not None else None
+            )
         if found is None or (scope is not None and found.scope != scope):
             raise NotFound(f"ingest {ingest_id} not found")
         return found

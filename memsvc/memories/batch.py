@@ -39,8 +39,8 @@ from memsvc.memories.compaction import CoreCompactor
 from memsvc.memories.normalize import content_hash
 from memsvc.memories.service import Remembered
 from memsvc.observability import metrics
+from memsvc.storage import changes, versions
 from memsvc.storage import memory_batches as sql
-from memsvc.storage import versions
 from memsvc.storage.connection import Connection
 from memsvc.storage.extraction import lock_user
 from memsvc.storage.memories import insert_or_reinforce
@@ -103,6 +103,8 @@ class BatchService:
         self._pool = pool
         self._embedder = embedder
         self._invalidator = invalidator
+        # Each write wakes the user's change watchers where the trigger cannot (Citus).
+        self._waker = changes.Waker()
         self._acquire_timeout_s = acquire_timeout_s
         self._embed_timeout_s = embed_timeout_s
         self._guard = guard
@@ -195,6 +197,7 @@ class BatchService:
                 results[p.index] = await self._write_one(conn, p, atomic=atomic, budget=budget)
             for user in users:
                 await versions.bump_version(conn, tenant_id, user)
+            await self._waker.users(conn, ((tenant_id, user) for user in users))
         for user in users:
             await self._invalidator.drop_user(tenant_id, user)
         return results

@@ -30,9 +30,9 @@ from memsvc.governance import trust
 from memsvc.governance.guard import PiiGuard
 from memsvc.memories.compaction import CoreCompactor
 from memsvc.prefetch.assembly import core_order
+from memsvc.storage import changes, versions
 from memsvc.storage import core as core_store
 from memsvc.storage import core_blocks as store
-from memsvc.storage import versions
 from memsvc.storage.connection import Connection
 from memsvc.storage.model import MemoryRecord, Scope
 from memsvc.storage.pool import acquire
@@ -102,6 +102,8 @@ class CoreBlockService:
     ) -> None:
         self._pool = pool
         self._invalidator = invalidator
+        # Each write wakes the user's change watchers where the trigger cannot (Citus).
+        self._waker = changes.Waker()
         self._compactor = compactor
         self._acquire_timeout_s = acquire_timeout_s
         self._guard = guard or PiiGuard.default()
@@ -162,6 +164,7 @@ class CoreBlockService:
                 )
                 displaced = compacted.displaced
             await versions.bump_version(conn, scope.tenant_id, scope.user_id)
+            await self._waker.user(conn, scope.tenant_id, scope.user_id)
             view = await self._view(conn, scope, command.block)
         await self._invalidator.drop_user(scope.tenant_id, scope.user_id)
         return BlockUpdated(view, tuple(self._decorate(r) for r in displaced))

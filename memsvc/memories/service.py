@@ -23,7 +23,7 @@ from memsvc.memories import update as updating
 from memsvc.memories.compaction import CoreCompactor
 from memsvc.memories.normalize import content_hash
 from memsvc.retrieval.references import ReferenceRecorder
-from memsvc.storage import edits, erasure, retention, versions
+from memsvc.storage import changes, edits, erasure, retention, versions
 from memsvc.storage import memories as store
 from memsvc.storage.extraction import lock_user
 from memsvc.storage.model import (
@@ -95,6 +95,8 @@ class MemoryService:
         self._invalidator = invalidator
         self._acquire_timeout_s = acquire_timeout_s
         self._embed_timeout_s = embed_timeout_s
+        # Each write wakes the user's change watchers where the trigger cannot (Citus).
+        self._waker = changes.Waker()
         # The PII screen of every write (default: redact every kind).
         self._guard = guard or PiiGuard.default()
 
@@ -144,6 +146,7 @@ class MemoryService:
                     )
                     displaced = compacted.displaced
                 await versions.bump_version(conn, scope.tenant_id, scope.user_id)
+                await self._waker.user(conn, scope.tenant_id, scope.user_id)
         await self._invalidator.drop_user(scope.tenant_id, scope.user_id)
         return Remembered(
             self._decorate(record),
@@ -224,6 +227,7 @@ class MemoryService:
                     budget_s=budget.remaining(),
                 )
             await versions.bump_version(conn, scope.tenant_id, scope.user_id)
+            await self._waker.user(conn, scope.tenant_id, scope.user_id)
         await self._invalidator.drop_user(scope.tenant_id, scope.user_id)
         return self._decorate(record)
 
@@ -276,6 +280,8 @@ class MemoryService:
                 )
             if not erase_user:
                 await versions.bump_version(conn, scope.tenant_id, scope.user_id)
+            # Erasure too: its one 'erased' change is news to every watcher of the user.
+            await self._waker.user(conn, scope.tenant_id, scope.user_id)
         await self._invalidator.drop_user(scope.tenant_id, scope.user_id)
         return deleted
 
@@ -370,6 +376,7 @@ class MemoryService:
                 )
                 displaced = compacted.displaced
             await versions.bump_version(conn, scope.tenant_id, scope.user_id)
+            await self._waker.user(conn, scope.tenant_id, scope.user_id)
         await self._invalidator.drop_user(scope.tenant_id, scope.user_id)
         return Updated(self._decorate(record), tuple(self._decorate(r) for r in displaced), True)
 

@@ -13,8 +13,8 @@ from memsvc.concurrency.deadline import Budget
 from memsvc.errors import NotFound
 from memsvc.prefetch.model import EpisodeRecord
 from memsvc.prefetch.queries import episode_from_row
+from memsvc.storage import changes, versions
 from memsvc.storage import sessions as store
-from memsvc.storage import versions
 from memsvc.storage.model import Scope
 from memsvc.storage.pool import acquire
 from memsvc.storage.sessions import SessionForgotten, SessionRow
@@ -44,6 +44,8 @@ class SessionService:
     ) -> None:
         self._pool = pool
         self._invalidator = invalidator
+        # Each write wakes the user's change watchers where the trigger cannot (Citus).
+        self._waker = changes.Waker()
         self._acquire_timeout_s = acquire_timeout_s
 
     async def list_sessions(
@@ -88,5 +90,6 @@ class SessionService:
                     f"session {session_id!r} not found in this scope; nothing was deleted"
                 )
             await versions.bump_version(conn, scope.tenant_id, scope.user_id)
+            await self._waker.user(conn, scope.tenant_id, scope.user_id)
         await self._invalidator.drop_user(scope.tenant_id, scope.user_id)
         return done

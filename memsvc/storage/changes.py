@@ -8,7 +8,7 @@ Positions are numbered at commit, in commit order per user (the migration explai
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -16,6 +16,7 @@ from typing import Literal
 
 import asyncpg
 
+from memsvc.storage import citus
 from memsvc.storage.connection import Connection
 from memsvc.storage.model import Scope
 
@@ -86,6 +87,41 @@ async def record_erasure(conn: Connection, tenant_id: str, user_id: str) -> None
         tenant_id,
         user_id,
     )
+
+
+class Waker:
+    """Wakes the listeners of the users a writing transaction changed, on Citus only.
+
+    On a single PostgreSQL the commit trigger notifies (migration 0011). On Citus that
+    NOTIFY is gone from the shards (storage.citus_triggers: a worker's part of a 2PC
+    transaction cannot notify), so the writer notifies from its coordinator connection, in
+    the writing transaction: delivered at its commit, never for a rollback, as the trigger's
+    was (outbox.wake does the same for the outbox). Every transaction that changes a user's
+    memories or core blocks bumps their version (storage.versions) or erases them: call
+    ``users`` beside that, with the same users. Whether the database is Citus is found out
+    at the first call (one query per Waker; each writing service holds its own)."""
+
+    def __init__(self) -> None:
+        self._on_citus: bool | None = None
+
+    async def users(self, conn: Connection, users: Iterable[tuple[str, str]]) -> None:
+        """Inside the writing transaction: notify each (tenant, user) once, at its commit."""
+        payloads = sorted({f"{tenant}{SEPARATOR}{user}" for tenant, user in users})
+        if not payloads:
+            return
+        if self._on_citus is None:
+            self._on_citus = await citus.has_citus(conn)
+        if self._on_citus:
+            # No table: the coordinator runs it itself, in its own (never prepared) part of
+            # the transaction.
+            await conn.execute(
+                "SELECT pg_notify($1, payload) FROM unnest($2::text[]) AS payload",
+                CHANNEL,
+                payloads,
+            )
+
+    async def user(self, conn: Connection, tenant_id: str, user_id: str) -> None:
+        await self.users(conn, [(tenant_id, user_id)])
 
 
 async def head(conn: Connection, tenant_id: str, user_id: str) -> int:

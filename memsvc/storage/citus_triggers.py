@@ -31,9 +31,10 @@ through Citus there; five things of the single-PostgreSQL triggers (migrations 0
 
 The delete kind (``memsvc.change_kind``, storage.changes.deletes_recorded_as) reaches these
 triggers because it is set with SET LOCAL, which Citus forwards to the workers of the
-transaction (storage.citus sets ``citus.propagate_set_commands``). Ingest wakes the outbox
-workers from the coordinator instead (outbox.wake). What stays different on Citus (see the
-README's Citus section): nothing wakes the change watchers; they find changes at their poll.
+transaction (storage.citus sets ``citus.propagate_set_commands``). The writers notify from
+the coordinator instead, in the writing transaction: Ingest wakes the outbox workers
+(outbox.wake), every write of memories or core blocks the change watchers
+(changes.Waker).
 """
 
 from __future__ import annotations

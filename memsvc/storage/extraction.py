@@ -291,13 +291,14 @@ async def sources_remain(
     """Whether the job and every message a speaker's facts would come from still exist.
 
     Checked under the user's lock: False means an erasure ran since the job read them, and
-    the job must write nothing for that speaker.
+    the job must write nothing for that speaker. A job's messages are stored as its owner's
+    (whoever spoke them), so both counts name the owner: one shard on Citus.
     """
     alive = await conn.fetchval(
         "SELECT (SELECT count(*) FROM ingest_outbox WHERE tenant_id = $1 AND user_id = $2"
         "         AND ingest_id = $3) = 1"
-        " AND (SELECT count(*) FROM messages WHERE tenant_id = $1 AND session_id = $4"
-        "      AND message_id = ANY($5::text[])) = cardinality($5::text[])",
+        " AND (SELECT count(*) FROM messages WHERE tenant_id = $1 AND user_id = $2"
+        "      AND session_id = $4 AND message_id = ANY($5::text[])) = cardinality($5::text[])",
         owner.tenant_id,
         owner.user_id,
         ingest_id,

@@ -1,7 +1,8 @@
 """The process's one LISTEN connection on the change channel, shared by its subscribers.
 
 Every committed change to a memory or core block notifies channel ``memsvc_changes`` with
-the user it concerns (migration 0011), from any process: servers and workers alike. One
+the user it concerns (migration 0011's commit trigger; on Citus the writer itself, from the
+coordinator: storage.changes.Waker), from any process: servers and workers alike. One
 dedicated connection per process LISTENs and calls each subscriber's ``on_user(tenant,
 user)``; it reconnects with backoff when it drops and then calls each ``on_reconnect()``
 (changes may have committed while nobody listened). Subscribers: WatchMemories' change

@@ -284,14 +284,20 @@ async def mark_dead(
     )
 
 
-async def status(conn: Connection, tenant_id: str, ingest_id: uuid.UUID) -> JobStatus | None:
-    """The job's state within the tenant (callers re-check the scope)."""
+async def status(
+    conn: Connection, tenant_id: str, ingest_id: uuid.UUID, *, user_id: str | None = None
+) -> JobStatus | None:
+    """The job's state within the tenant, or only the user's (callers re-check the scope).
+    With the user it is a single-shard read on Citus; without, it looks on every shard (an
+    ingest id alone does not say whose it is)."""
     r = await conn.fetchrow(
         "SELECT tenant_id, user_id, persona_id, agent_id, ingest_id, session_id, state, attempts,"
         " last_error, result, created_at, finished_at"
-        " FROM ingest_outbox WHERE tenant_id = $1 AND ingest_id = $2",
+        " FROM ingest_outbox WHERE tenant_id = $1 AND ingest_id = $2"
+        + ("" if user_id is None else " AND user_id = $3"),
         tenant_id,
         ingest_id,
+        *(() if user_id is None else (user_id,)),
     )
     if r is None:
         return None

@@ -21,7 +21,7 @@ from memsvc.prefetch import queries as prefetch_sql
 from memsvc.retrieval.dense import dense_hits
 from memsvc.retrieval.lexical import lexical_hits
 from memsvc.retrieval.query import ItemKind
-from memsvc.storage import changes, export, memories, outbox, retention, versions
+from memsvc.storage import changes, export, extraction, memories, outbox, retention, versions
 from memsvc.storage.messages import StoredMessage, insert_messages
 from memsvc.storage.model import NewMemory, Scope
 from tests.cluster.plans import Plan, Recorder, Statement, distributed_plans, explain
@@ -118,6 +118,21 @@ async def test_ingest_enqueue_and_messages(conn: asyncpg.Connection, scope: Scop
         assert first == ingest_id
 
     _assert_single_shard(await _recorded(conn, run), expected_at_least=4)
+
+
+async def test_ingest_status_of_a_scope_and_extractions_source_check(
+    conn: asyncpg.Connection, scope: Scope
+) -> None:
+    """GetIngestStatus with a scope reads the user's shard alone (without one it must look
+    everywhere); the worker's check that a speaker's sources survived names the owner."""
+    ingest_id = uuid.uuid4()
+
+    async def run(rec: Recorder) -> None:
+        db: Any = rec
+        await outbox.status(db, scope.tenant_id, ingest_id, user_id=scope.user_id)
+        await extraction.sources_remain(db, scope, ingest_id, "s1", ["m1", "m2"])
+
+    _assert_single_shard(await _recorded(conn, run), expected_at_least=2)
 
 
 async def test_recall_lexical_leg(conn: asyncpg.Connection, scope: Scope) -> None:
