@@ -27,11 +27,13 @@ import argparse
 import asyncio
 import os
 import re
+import urllib.request
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import psutil
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench import corpus
 from bench.harness import (
@@ -118,6 +120,23 @@ def server_codes(metrics_port: int, processes: int) -> Counter[str]:
     return total
 
 
+def missing_legs(metrics_port: int, processes: int) -> Counter[str]:
+    """Recall legs missing from answers so far, as "leg:reason" (late, failed, overload),
+    summed over the serving processes: says what a degraded answer waited for."""
+    total: Counter[str] = Counter()
+    for i in range(processes):
+        url = f"http://127.0.0.1:{metrics_port + i}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as r:
+            text = r.read().decode()
+        for family in text_string_to_metric_families(text):
+            if family.name == "memsvc_recall_missing_legs":
+                for sample in family.samples:
+                    if sample.name.endswith("_total"):
+                        leg, reason = sample.labels["leg"], sample.labels["reason"]
+                        total[f"{leg}:{reason}"] += int(sample.value)
+    return total
+
+
 def ok_share(phase: Phase) -> float:
     """Answers in time (degraded ones included) over all calls."""
     counts = phase.outcome_counts()
@@ -177,6 +196,7 @@ async def drive(target: Target, args: argparse.Namespace, metrics_port: int) -> 
             await asyncio.sleep(3.0)
             rate = factor * capacity
             before = server_codes(metrics_port, args.processes)
+            legs_before = missing_legs(metrics_port, args.processes)
             cpu_before = cpu_snapshot(target)
             phase = await _phase(
                 client,
@@ -189,13 +209,16 @@ async def drive(target: Target, args: argparse.Namespace, metrics_port: int) -> 
             cpu = cpu_per_call_ms(cpu_before, cpu_snapshot(target), len(phase.outcomes))
             server_side = server_codes(metrics_port, args.processes)
             server_side.subtract(before)
+            legs = missing_legs(metrics_port, args.processes)
+            legs.subtract(legs_before)
             share = ok_share(phase)
             counts = phase.outcome_counts()
             print(
                 f"  {factor:g}x: OK share {share:.1%}, DEADLINE_EXCEEDED "
                 f"{counts.get('DEADLINE_EXCEEDED', 0)}, late {counts.get(LATE, 0)}; "
                 f"as the server answered: {dict(+server_side)}; CPU ms per call {cpu}; "
-                f"load generator's start lag ms {phase.start_lag_ms()}"
+                f"load generator's start lag ms {phase.start_lag_ms()}; missing legs "
+                f"{dict(+legs)}"
             )
             phases.append(phase)
             overloads.append(
@@ -203,6 +226,7 @@ async def drive(target: Target, args: argparse.Namespace, metrics_port: int) -> 
                     "factor": factor,
                     "ok_share": round(share, 4),
                     "server_codes": dict(+server_side),
+                    "missing_legs": dict(+legs),
                     "cpu_ms_per_call": cpu,
                     **phase.as_dict(),
                 }
