@@ -113,6 +113,9 @@ async def start_own(own_stack: EmbeddedStack, embedder: Embedder) -> AsyncIterat
             shutdown_grace_s=2.0,
             deadline_margin_ms=TEST_MARGIN_MS,
             metrics_port=None,
+            # The machine gate off, as in tests/conftest.py: a busy CI machine would shed the
+            # reads these tests expect answered (tests/test_cpu_busy.py tests the gate).
+            reads_max_cpu_busy=0.0,
         ).with_overrides(**overrides)
         srv = MemsvcServer(settings, embedder=embedder, with_worker=with_worker)
         await srv.start()

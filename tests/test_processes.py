@@ -55,6 +55,8 @@ def start_serve(
             "MEMSVC_AUTH_ENABLED": "false",
             "MEMSVC_METRICS_PORT": str(metrics_port),
             "MEMSVC_SHUTDOWN_GRACE_S": "2",
+            # The machine gate off, as in tests/conftest.py (tests/test_cpu_busy.py tests it).
+            "MEMSVC_READS_MAX_CPU_BUSY": "0",
             **env,
         }
     )
