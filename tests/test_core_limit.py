@@ -14,6 +14,7 @@ from memsvc.extraction.openai_chat import OpenAIChatExtractor
 from memsvc.governance import trust
 from memsvc.memories.compaction import CoreCompactor, CoreLimits, block_chars
 from memsvc.memories.normalize import content_hash
+from memsvc.server.app import MemsvcServer
 from memsvc.storage import core as core_store
 from memsvc.storage import memories as store
 from memsvc.storage.model import NewMemory, Scope
@@ -161,38 +162,46 @@ async def test_correct_of_a_core_memory_compacts(caller: Caller) -> None:
     assert block_of(after) == 1_500
 
 
-async def test_remember_says_which_pins_it_displaced(caller: Caller) -> None:
-    async def pin(word: str, length: int) -> pb.RememberResponse:
-        reply: pb.RememberResponse = await caller.stub.Remember(
-            pb.RememberRequest(scope=SCOPE, content=fact(word, length), pinned=True)
+async def test_remember_says_which_pins_it_displaced(caller: Caller, server: MemsvcServer) -> None:
+    # "Least recently referenced" orders demotion: ListMemories below records references
+    # and the server flushes them on its own clock, so a flush between two pins changed
+    # which pin went first. None is flushed during the test: all are never referenced,
+    # and the oldest goes first.
+    async with server.runtime.references.held():
+
+        async def pin(word: str, length: int) -> pb.RememberResponse:
+            reply: pb.RememberResponse = await caller.stub.Remember(
+                pb.RememberRequest(scope=SCOPE, content=fact(word, length), pinned=True)
+            )
+            return reply
+
+        def unpinned(memories: dict[str, pb.Memory]) -> list[str]:
+            return [i for i, m in memories.items() if m.HasField("demoted_at")]
+
+        # Ten pins of 200 characters fill the 2,000-character block exactly: nothing displaced.
+        replies = [await pin(f"pin{i}", 200) for i in range(10)]
+        assert all(not r.displaced for r in replies)
+        assert unpinned(await listed(caller)) == []
+        ids = [r.memory.memory_id for r in replies]
+        # The eleventh and twelfth each displace the oldest explicit pin, and say so.
+        for n, word in ((0, "pin10"), (1, "pin11")):
+            reply = await pin(word, 200)
+            assert [m.memory_id for m in reply.displaced] == [ids[n]]
+            gone = reply.displaced[0]
+            assert (gone.pinned, gone.role, gone.HasField("demoted_at")) == (False, "context", True)
+            after = await listed(caller)
+            assert sorted(unpinned(after)) == sorted(ids[: n + 1])
+            assert after[ids[n]].demoted_at == gone.demoted_at
+        # One write displacing several lists them in the order they were displaced.
+        reply = await pin("pin12", 400)
+        assert [m.memory_id for m in reply.displaced] == ids[2:4]
+        assert sorted(unpinned(await listed(caller))) == sorted(ids[:4])
+        assert block_of(await listed(caller)) == LIMIT
+        # An unpinned, non-core memory never displaces anything.
+        plain = await caller.stub.Remember(
+            pb.RememberRequest(scope=SCOPE, content=fact("owl", 900))
         )
-        return reply
-
-    def unpinned(memories: dict[str, pb.Memory]) -> list[str]:
-        return [i for i, m in memories.items() if m.HasField("demoted_at")]
-
-    # Ten pins of 200 characters fill the 2,000-character block exactly: nothing displaced.
-    replies = [await pin(f"pin{i}", 200) for i in range(10)]
-    assert all(not r.displaced for r in replies)
-    assert unpinned(await listed(caller)) == []
-    ids = [r.memory.memory_id for r in replies]
-    # The eleventh and twelfth each displace the oldest explicit pin, and say so.
-    for n, word in ((0, "pin10"), (1, "pin11")):
-        reply = await pin(word, 200)
-        assert [m.memory_id for m in reply.displaced] == [ids[n]]
-        gone = reply.displaced[0]
-        assert (gone.pinned, gone.role, gone.HasField("demoted_at")) == (False, "context", True)
-        after = await listed(caller)
-        assert sorted(unpinned(after)) == sorted(ids[: n + 1])
-        assert after[ids[n]].demoted_at == gone.demoted_at
-    # One write displacing several lists them in the order they were displaced.
-    reply = await pin("pin12", 400)
-    assert [m.memory_id for m in reply.displaced] == ids[2:4]
-    assert sorted(unpinned(await listed(caller))) == sorted(ids[:4])
-    assert block_of(await listed(caller)) == LIMIT
-    # An unpinned, non-core memory never displaces anything.
-    plain = await caller.stub.Remember(pb.RememberRequest(scope=SCOPE, content=fact("owl", 900)))
-    assert not plain.displaced and not plain.memory.pinned
+        assert not plain.displaced and not plain.memory.pinned
 
 
 async def test_extraction_promoting_a_core_fact_counts_demotions(
