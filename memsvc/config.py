@@ -348,6 +348,13 @@ class Settings:
         "while the event loop stays this late (a saturated CPU), new reads get "
         "`RESOURCE_EXHAUSTED` at once (`0`: off)",
     )
+    reads_max_queue_ms: int = setting(
+        0,
+        "while the oldest call waiting in gRPC's queue for a handler has waited longer than "
+        "this, reads get `RESOURCE_EXHAUSTED` at once: under overload fewer reads are "
+        "answered, sooner, and none waits past its deadline in that queue (`0`: off; see "
+        "README, overload)",
+    )
     reads_max_cpu_busy: float = setting(
         0.9,
         "while the machine's CPUs (all of them, whoever uses them) are busier than this "
@@ -646,6 +653,8 @@ class Settings:
             raise ConfigError("MEMSVC_DEFAULT_PAGE_SIZE must be within 1..MEMSVC_MAX_PAGE_SIZE")
         if not 0 < self.recall_embed_admit_share <= 1:
             raise ConfigError("MEMSVC_RECALL_EMBED_ADMIT_SHARE must be in (0, 1]")
+        if self.reads_max_queue_ms < 0:
+            raise ConfigError("MEMSVC_READS_MAX_QUEUE_MS must be at least 0")
         if not 0 <= self.reads_max_cpu_busy <= 1:
             raise ConfigError("MEMSVC_READS_MAX_CPU_BUSY must be in [0, 1]")
         if not 0 <= self.recall_answer_headroom <= 0.5:

@@ -9,6 +9,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import grpc
@@ -34,6 +35,14 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
         (config.invocation_params.dir / str(arg).split("::", 1)[0]).resolve() for arg in config.args
     )
     return not any(path == _CLUSTER_TESTS or _CLUSTER_TESTS in path.parents for path in named)
+
+
+# The read gates that answer to load, off in every server the suite starts: the suite itself
+# keeps both cores busy (pytest, PostgreSQL, the embedder), and its clients share the
+# server's event loop, so a burst of calls queues in front of the handlers while the loop
+# sends them; a read degraded or refused because of that would fail tests about something
+# else. tests/test_cpu_busy.py and tests/test_core_queue.py turn them on, each under control.
+LOAD_GATES_OFF: dict[str, Any] = {"reads_max_cpu_busy": 0.0, "reads_max_queue_ms": 0}
 
 
 @pytest.fixture(scope="session")
@@ -70,10 +79,7 @@ def settings(backing_urls: tuple[str, str]) -> Settings:
         # Packet warming off in the shared server: tests that count cache misses and builds
         # must not race a background rebuild. tests/test_prefetch_warm.py turns it on.
         prefetch_warm=False,
-        # The machine gate off: the suite itself keeps both cores busy (pytest, PostgreSQL,
-        # the embedder), and a Recall degraded because of that would fail tests about
-        # something else. tests/test_cpu_busy.py turns it on with a CPU reading it controls.
-        reads_max_cpu_busy=0.0,
+        **LOAD_GATES_OFF,
     )
 
 

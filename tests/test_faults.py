@@ -36,7 +36,7 @@ from memsvc.storage import api_keys
 from memsvc.storage.migrate import migrate
 from memsvc.v1 import memory_pb2 as pb
 from memsvc.v1 import memory_pb2_grpc
-from tests.conftest import Caller, _KeyedStub
+from tests.conftest import LOAD_GATES_OFF, Caller, _KeyedStub
 from tests.embedded_faults import crash, restart
 from tests.ingest_helpers import ASSISTANT, msg
 from tests.read_helpers import TEST_MARGIN_MS, pscope
@@ -113,9 +113,7 @@ async def start_own(own_stack: EmbeddedStack, embedder: Embedder) -> AsyncIterat
             shutdown_grace_s=2.0,
             deadline_margin_ms=TEST_MARGIN_MS,
             metrics_port=None,
-            # The machine gate off, as in tests/conftest.py: a busy CI machine would shed the
-            # reads these tests expect answered (tests/test_cpu_busy.py tests the gate).
-            reads_max_cpu_busy=0.0,
+            **LOAD_GATES_OFF,
         ).with_overrides(**overrides)
         srv = MemsvcServer(settings, embedder=embedder, with_worker=with_worker)
         await srv.start()

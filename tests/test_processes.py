@@ -19,6 +19,7 @@ from memsvc.config import Settings
 from memsvc.server.processes import child_settings
 from memsvc.v1 import memory_pb2 as pb
 from memsvc.v1 import memory_pb2_grpc
+from tests.conftest import LOAD_GATES_OFF
 from tests.test_cli_dev import free_port, pid_alive, wait_serving
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -55,8 +56,7 @@ def start_serve(
             "MEMSVC_AUTH_ENABLED": "false",
             "MEMSVC_METRICS_PORT": str(metrics_port),
             "MEMSVC_SHUTDOWN_GRACE_S": "2",
-            # The machine gate off, as in tests/conftest.py (tests/test_cpu_busy.py tests it).
-            "MEMSVC_READS_MAX_CPU_BUSY": "0",
+            **{f"MEMSVC_{name.upper()}": str(value) for name, value in LOAD_GATES_OFF.items()},
             **env,
         }
     )

@@ -4,7 +4,8 @@ Two gates. Per tenant, after authentication: a token bucket and a cap on calls i
 one tenant cannot take every slot of the server. Per process, for reads: a cap on Recall +
 Prefetch in flight, past which a read is shed rather than left to answer late; the cap
 shrinks while the machine's CPUs are saturated (concurrency/cpu_busy.py), whoever saturates
-them.
+them; and while calls queue in gRPC's core in front of the handlers (server/core_queue.py),
+reads are refused until the queue is short again.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from memsvc.concurrency.cpu_busy import CpuBusy
 from memsvc.errors import ResourceExhausted
 from memsvc.observability import metrics
+from memsvc.server.core_queue import CoreQueue
 
 # Retry hint when a cap on calls in flight is reached: a slot frees as soon as one of those
 # calls ends (reads within their deadline, typically tens of ms), so a short pause is enough
@@ -44,6 +46,12 @@ class InFlightLimit:
     read's budget it is refused at once. A voice call's 200 ms then joins a short queue and
     gets full results, instead of a long one where it would answer degraded, or late; a
     chat call's 800 ms may join a queue four times deeper.
+
+    And a gate on the queue before the handlers (``core_queue``): while its oldest call has
+    waited more than ``max_queue_s``, every read is refused at once. Those are the calls at
+    the head of the queue, already late by that much; a refusal costs a fraction of an
+    answer, so the queue empties and the calls behind start with their deadline nearly
+    whole, where otherwise each would wait as long and some past their deadline.
     """
 
     # Weight of the newest read in the moving averages.
@@ -63,6 +71,8 @@ class InFlightLimit:
         clock: Callable[[], float] = time.monotonic,
         cpu: CpuBusy | None = None,
         max_cpu_busy: float = 0.0,
+        core_queue: CoreQueue | None = None,
+        max_queue_s: float = 0.0,
     ) -> None:
         if limit < 1:
             raise ValueError(f"limit must be >= 1, got {limit}")
@@ -79,6 +89,8 @@ class InFlightLimit:
         self._max_cpu_busy = max_cpu_busy
         self._cap = float(limit)
         self._cpu_samples = 0
+        self._core_queue = core_queue if max_queue_s > 0 else None
+        self._max_queue_s = max_queue_s
 
     @property
     def in_flight(self) -> int:
@@ -130,6 +142,13 @@ class InFlightLimit:
         alone when the embedder is busy) says how long its cheapest answer takes now; it is
         refused only when that does not fit, instead of by the queue model, which counts the
         reads waiting for the embedder as if each had to be waited for."""
+        if self._core_queue is not None:
+            waited_s = self._core_queue.wait_s()
+            if waited_s > self._max_queue_s:
+                raise _shed(
+                    f"this server is saturated: calls wait {waited_s * 1000:.0f} ms in its "
+                    f"queue before a handler takes them ({self._core_queue.waiting} waiting)"
+                )
         ahead = self._in_flight
         if ahead >= self._limit:
             raise _shed(f"more than {self._limit} reads in flight on this server")

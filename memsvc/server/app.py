@@ -20,6 +20,7 @@ from memsvc.extraction.base import Extractor
 from memsvc.observability import gc_pauses
 from memsvc.observability.metrics_http import MetricsEndpoint
 from memsvc.server.auth import Authenticator
+from memsvc.server.core_queue import CoreQueue, server_ids
 from memsvc.server.interceptor import ObservingInterceptor
 from memsvc.server.runtime import Runtime
 from memsvc.server.servicer import MemoryServicer
@@ -59,6 +60,7 @@ class MemsvcServer:
             settings, embedder=embedder, extractor=extractor, with_worker=with_worker
         )
         self._server: grpc.aio.Server | None = None
+        self._core_queue = CoreQueue()
         self._health: AsyncHealthServicer | None = None
         self.pool: asyncpg.Pool | None = None
         self.port: int = 0
@@ -82,6 +84,7 @@ class MemsvcServer:
                 acquire_timeout_s=settings.pg_acquire_timeout_ms / 1000,
             )
             worker = runtime.worker
+            core_queue = self._core_queue
             servicer = MemoryServicer(
                 settings,
                 auth,
@@ -97,13 +100,19 @@ class MemsvcServer:
                 core_blocks=runtime.core_blocks,
                 changes=runtime.changes,
                 cpu_busy=runtime.cpu_busy,
+                core_queue=core_queue,
             )
             if runtime.warmer is not None:
                 # Rebuilds packets after changes (any process's), after this server's reads.
                 runtime.warmer.busy = servicer.reads_busy
                 runtime.warmer.start()
+            servers_before = server_ids()
             server = grpc.aio.server(
-                interceptors=[ObservingInterceptor(max_request_bytes=settings.max_request_bytes)],
+                interceptors=[
+                    ObservingInterceptor(
+                        max_request_bytes=settings.max_request_bytes, core_queue=core_queue
+                    )
+                ],
                 options=[
                     (
                         "grpc.max_receive_message_length",
@@ -118,6 +127,10 @@ class MemsvcServer:
                     ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
                 ],
             )
+            # The one channelz id the new server added (servers are created on this thread).
+            new_ids = server_ids() - servers_before
+            if len(new_ids) == 1:
+                core_queue.watch(new_ids.pop())
             memory_pb2_grpc.add_MemoryServiceServicer_to_server(servicer, server)
             health_servicer = AsyncHealthServicer()
             health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -143,6 +156,8 @@ class MemsvcServer:
             log.debug("read path warmed in %.0f ms", warmed_s * 1000)
             await server.start()
             self._server = server
+            if settings.reads_max_queue_ms > 0:
+                core_queue.start()
             for name in ("", SERVICE_NAME):
                 await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
             self._health = health_servicer
@@ -153,6 +168,7 @@ class MemsvcServer:
                     any_port_if_taken=self._metrics_any_port,
                 )
         except BaseException:
+            self._core_queue.stop()
             if self._server is not None:
                 await self._server.stop(None)
                 self._server = None
@@ -163,6 +179,7 @@ class MemsvcServer:
     async def stop(self, grace_s: float | None = None) -> None:
         """Stop accepting calls, let in-flight ones finish within the grace period, then stop
         the workers (they drain too) and close every connection."""
+        self._core_queue.stop()
         if self._server is not None:
             if self._health is not None:
                 await self._health.enter_graceful_shutdown()

@@ -25,6 +25,7 @@ from grpc._cython import cygrpc  # type: ignore[attr-defined]
 from memsvc.errors import InvalidArgument
 from memsvc.observability import call_context, metrics
 from memsvc.server import request_context, status
+from memsvc.server.core_queue import CoreQueue
 
 log = logging.getLogger(__name__)
 
@@ -79,9 +80,11 @@ def final_code(exc: BaseException, context: Context) -> grpc.StatusCode:
 class _Call:
     """One observed call: ids in the context, the request id echoed, metrics on finish."""
 
-    __slots__ = ("_labels", "_started", "_tokens")
+    __slots__ = ("_labels", "_queue", "_started", "_tokens")
 
-    def __init__(self, context: Context, path: str, labels: tuple[str, str]) -> None:
+    def __init__(
+        self, context: Context, path: str, labels: tuple[str, str], queue: CoreQueue | None
+    ) -> None:
         rid = request_context.accept_request_id(_caller_request_id(context))
         context.set_trailing_metadata(((request_context.REQUEST_ID_HEADER, rid),))
         self._tokens: tuple[contextvars.Token[str | None], ...] = (
@@ -90,6 +93,9 @@ class _Call:
             call_context.tenant.set(None),  # the servicer sets it after authentication
         )
         self._labels = labels
+        self._queue = queue
+        if queue is not None:
+            queue.entered()
         metrics.RPC_STARTED.labels(*labels).inc()
         metrics.RPC_IN_FLIGHT.labels(*labels).inc()
         self._started = time.perf_counter()
@@ -98,6 +104,8 @@ class _Call:
         metrics.RPC_SECONDS.labels(*self._labels).observe(time.perf_counter() - self._started)
         metrics.RPC_HANDLED.labels(*self._labels, code.name).inc()
         metrics.RPC_IN_FLIGHT.labels(*self._labels).dec()
+        if self._queue is not None:
+            self._queue.left()
         request_id, rpc, tenant = self._tokens
         call_context.tenant.reset(tenant)
         call_context.rpc.reset(rpc)
@@ -107,8 +115,11 @@ class _Call:
 class ObservingInterceptor(_ServerInterceptor):
     """Wraps each method's handler once (cached per method) with the observation."""
 
-    def __init__(self, *, max_request_bytes: int) -> None:
+    def __init__(self, *, max_request_bytes: int, core_queue: CoreQueue | None = None) -> None:
+        """``core_queue``: told when each handler starts and ends (it counts the calls
+        queued in front of them)."""
         self._max_request_bytes = max_request_bytes
+        self._core_queue = core_queue
         self._wrapped: dict[str, tuple[Handler, Handler]] = {}
 
     async def intercept_service(
@@ -174,12 +185,13 @@ class ObservingInterceptor(_ServerInterceptor):
 
         return read
 
-    @staticmethod
     def _unary(
-        behavior: Callable[..., Any], path: str, labels: tuple[str, str]
+        self, behavior: Callable[..., Any], path: str, labels: tuple[str, str]
     ) -> Callable[[Any, Context], Awaitable[Any]]:
+        queue = self._core_queue
+
         async def observed(request: Any, context: Context) -> Any:
-            call = _Call(context, path, labels)
+            call = _Call(context, path, labels, queue)
             try:
                 if isinstance(request, Unreadable):
                     await status.abort(context, InvalidArgument(request.message))
@@ -196,11 +208,11 @@ class ObservingInterceptor(_ServerInterceptor):
 
         return observed
 
-    @staticmethod
-    def _streaming(behavior: Callable[..., Any], path: str, labels: tuple[str, str]) -> Any:
+    def _streaming(self, behavior: Callable[..., Any], path: str, labels: tuple[str, str]) -> Any:
         if not inspect.isasyncgenfunction(behavior):
             # A coroutine that writes with context.write (the health Watch).
-            return ObservingInterceptor._unary(behavior, path, labels)
+            return self._unary(behavior, path, labels)
+        queue = self._core_queue
 
         # A coroutine that writes each response, not a generator that yields it: grpc cancels
         # a call (caller gone, deadline passed) by cancelling the handler's task, which then
@@ -208,7 +220,7 @@ class ObservingInterceptor(_ServerInterceptor):
         # and its connection released, the call measured). A yielding wrapper would be left
         # suspended and closed later by the garbage collector, in another task and context.
         async def observed(request: Any, context: Context) -> None:
-            call = _Call(context, path, labels)
+            call = _Call(context, path, labels, queue)
             try:
                 if isinstance(request, Unreadable):
                     await status.abort(context, InvalidArgument(request.message))

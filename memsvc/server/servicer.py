@@ -53,6 +53,7 @@ from memsvc.server import (
 )
 from memsvc.server.admission import InFlightLimit, TenantLimits
 from memsvc.server.auth import Authenticator, Metadata
+from memsvc.server.core_queue import CoreQueue
 from memsvc.storage.errors import map_db_error
 from memsvc.storage.model import Scope
 from memsvc.v1 import memory_pb2 as pb
@@ -121,6 +122,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         core_blocks: CoreBlockService | None = None,
         changes: ChangeStream | None = None,
         cpu_busy: CpuBusy | None = None,
+        core_queue: CoreQueue | None = None,
     ) -> None:
         self._changes = changes
         self._sessions = sessions
@@ -144,6 +146,8 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             queue_share=settings.reads_queue_share,
             cpu=cpu_busy,
             max_cpu_busy=settings.reads_max_cpu_busy,
+            core_queue=core_queue,
+            max_queue_s=settings.reads_max_queue_ms / 1000,
         )
         self._tenants = TenantLimits(
             rate_per_s=settings.tenant_rate_per_s,
