@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
-import asyncpg
+import asyncio
+import time
 
-from memsvc.storage.pool import SERVER_SETTINGS
+import asyncpg
+import pytest
+
+from memsvc.config import Settings
+from memsvc.storage import pool as pools
+from memsvc.storage.pool import SERVER_SETTINGS, connect_and_migrate
 
 
 async def _backend_and_state(conn: asyncpg.Connection) -> tuple[int, str, str]:
@@ -50,3 +56,23 @@ async def test_release_sends_no_reset_query(pool: asyncpg.Pool) -> None:
         last = await other.fetchval("SELECT query FROM pg_stat_activity WHERE pid = $1", pid)
     assert last is not None and "pg_backend_pid()" in last
     assert "RESET ALL" not in last and "UNLISTEN" not in last
+
+
+async def test_closing_ends_even_with_a_connection_never_released(
+    settings: Settings, pool: asyncpg.Pool, caplog: pytest.LogCaptureFixture
+) -> None:
+    own = await connect_and_migrate(settings.with_overrides(pg_pool_min=1, pg_pool_max=2))
+    held = await own.acquire()  # a task that never gives its connection back
+    backend = held.get_server_pid()
+    started = time.monotonic()
+    await pools.close(own, timeout_s=0.5)
+    assert time.monotonic() - started < 5.0  # asyncpg alone waits for the release forever
+    assert "still in use 0.5 s after the pool began to close: terminated" in caplog.text
+    for _ in range(50):  # terminated with the pool: its backend goes away
+        gone = not await pool.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", backend
+        )
+        if gone:
+            break
+        await asyncio.sleep(0.05)
+    assert gone

@@ -45,6 +45,7 @@ from memsvc.prefetch.warmer import PacketWarmer, WarmConfig
 from memsvc.retrieval.embed_cache import EmbeddingLRU, QueryEmbedder
 from memsvc.retrieval.recall import RecallConfig, RecallService
 from memsvc.retrieval.references import ReferenceRecorder
+from memsvc.storage import pool as pools
 from memsvc.storage.notifications import ChangeListener
 from memsvc.storage.pool import connect_and_migrate
 
@@ -182,7 +183,7 @@ class Runtime:
     async def _connect(self, settings: Settings) -> None:
         assert settings.pg_dsn is not None and settings.redis_url is not None
         self.pool = await connect_and_migrate(settings)
-        self._stack.push_async_callback(self.pool.close)
+        self._stack.push_async_callback(pools.close, self.pool)
         # One server or a cluster, as the URL and the server say (cache/client.py).
         try:
             self.redis = CacheClient(settings.redis_url, timeout_s=settings.redis_timeout_ms / 1000)

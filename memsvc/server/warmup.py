@@ -41,6 +41,7 @@ from memsvc.retrieval.query import DEFAULT_KINDS, Mode, RecallQuery
 from memsvc.retrieval.recall import RecallService
 from memsvc.storage.connection import Connection
 from memsvc.storage.model import Scope
+from memsvc.storage.pool import RELEASE_TIMEOUT_S
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +89,14 @@ async def warm_read_path(
             )
         finally:
             for conn in held:
-                await pool.release(conn)
+                # Not asyncpg's default budget, the acquire's 50 ms: a statement cancelled
+                # by its timeout waits for the server to acknowledge the cancel, which on
+                # a loaded machine (or through a Citus coordinator) takes longer, and a
+                # release that times out raises here and failed the server's start.
+                try:
+                    await pool.release(conn, timeout=RELEASE_TIMEOUT_S)
+                except Exception as exc:  # asyncpg terminated the connection: warming goes on
+                    log.warning("warming: a connection was not released cleanly: %r", exc)
         query = RecallQuery(
             scope=WARMUP_SCOPE,
             text=WARMUP_TEXT,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -27,6 +29,24 @@ SERVER_SETTINGS = {"hnsw.iterative_scan": "relaxed_order"}
 # the loop (issue 15). A read leg releases in the background (fanout.LegRunner), so the
 # answer never waits for this; the acknowledgement normally takes a few milliseconds.
 RELEASE_TIMEOUT_S = 5.0
+# How long closing the pool waits for the connections still in use to come back (every
+# call and worker is stopped before: this is a bound on a defect, not a grace period).
+CLOSE_TIMEOUT_S = 10.0
+
+log = logging.getLogger(__name__)
+
+
+async def close(pool: asyncpg.Pool, *, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+    """Close the pool once its connections are back; those still in use after ``timeout_s``
+    are terminated (asyncpg's documented pattern: ``Pool.close`` waits for every release,
+    however long, and terminates the pool when cancelled), so a stop always ends."""
+    try:
+        await asyncio.wait_for(pool.close(), timeout_s)
+    except TimeoutError:
+        log.warning(
+            "database connections still in use %g s after the pool began to close: terminated",
+            timeout_s,
+        )
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
