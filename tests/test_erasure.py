@@ -6,13 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
+import uuid
+from datetime import UTC, datetime
 
 from memsvc.extraction.base import Extraction, ExtractionInput
 from memsvc.extraction.rules import RulesExtractor
 from memsvc.ingest.pipeline import ExtractionPipeline
 from memsvc.ingest.worker import OutboxWorker
 from memsvc.server.runtime import pipeline_settings, worker_settings
-from memsvc.storage.erasure import USER_TABLES
+from memsvc.storage import memories
+from memsvc.storage.erasure import USER_TABLES, erase_memories
+from memsvc.storage.messages import StoredMessage, insert_messages
+from memsvc.storage.model import NewMemory, Scope
 from memsvc.v1 import memory_pb2 as pb
 from tests.conftest import Caller
 from tests.ingest_helpers import contents, ingest, msg
@@ -193,3 +199,43 @@ async def test_a_job_in_flight_never_writes_back_what_was_erased(
     assert await rows_mentioning(pool, caller.tenant_id, SECRET) == {t: 0 for t in USER_TABLES}
     assert await contents(caller) == []
     del reply
+
+
+async def test_forgetting_a_memory_reaches_its_source_lines_in_another_users_session(
+    pool,  # type: ignore[no-untyped-def]
+) -> None:
+    """The source lines are looked for in the user's own sessions first (one shard on Citus)
+    and, when some are not there, in the sessions other users own: both are erased."""
+    tenant = f"t-{uuid.uuid4().hex[:12]}"
+    owner, speaker = Scope(tenant, "alice", "", ""), Scope(tenant, "bob", "", "")
+    sent = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    lines = [
+        StoredMessage("meet-1", "m1", "bob", "user", f"I flew to {SECRET}", sent),
+        StoredMessage("bob-own", "m2", "bob", "user", f"{SECRET} was hot", sent),
+    ]
+    async with pool.acquire() as conn, conn.transaction():
+        await insert_messages(conn, owner, uuid.uuid4(), lines[:1])  # alice's meeting
+        await insert_messages(conn, speaker, uuid.uuid4(), lines[1:])  # bob's own session
+        kept = []
+        for session, line in (("meet-1", "m1"), ("bob-own", "m2")):
+            text = f"Bob went to {SECRET} ({line})"
+            record, _ = await memories.insert_or_reinforce(
+                conn,
+                speaker,
+                NewMemory(
+                    content=text,
+                    category="event",
+                    role="fact",
+                    confidence=0.9,
+                    source_message_ids=(line,),
+                    session_id=session,
+                ),
+                content_hash=hashlib.sha256(text.encode()).digest(),
+                embedding=None,
+                embedding_model="",
+            )
+            kept.append(record.lineage_id)
+        assert await erase_memories(conn, speaker, kept, {}) == 2
+        assert (
+            await conn.fetchval("SELECT count(*) FROM messages WHERE tenant_id = $1", tenant) == 0
+        )

@@ -130,17 +130,31 @@ async def erase_memories(
         )
     )
     # The conversation lines the memories were taken from (any owner's session, this tenant),
-    # and the context index of the lines around them.
+    # and the context index of the lines around them. First in the user's own sessions (their
+    # shard alone on Citus); only lines still missing are looked for in sessions other users
+    # own (a meeting), which on Citus means every shard.
     touched: list[tuple[Scope, str]] = []
     for r in rows:
         if r["session_id"] and r["source_message_ids"]:
-            touched += await messages.delete_returning_sessions(
+            source_ids = list(r["source_message_ids"])
+            own = await messages.delete_returning_sessions(
                 conn,
-                "tenant_id = $1 AND session_id = $2 AND message_id = ANY($3::text[])",
+                "tenant_id = $1 AND user_id = $2 AND session_id = $3"
+                " AND message_id = ANY($4::text[])",
                 tenant,
+                user,
                 r["session_id"],
-                list(r["source_message_ids"]),
+                source_ids,
             )
+            touched += own
+            if len(own) < len(set(source_ids)):
+                touched += await messages.delete_returning_sessions(
+                    conn,
+                    "tenant_id = $1 AND session_id = $2 AND message_id = ANY($3::text[])",
+                    tenant,
+                    r["session_id"],
+                    source_ids,
+                )
     await messages.reindex_sessions(conn, touched)
     await _rewrite_episodes(conn, tenant, user, episodes, topic_of_predicate)
     await conn.execute(

@@ -21,7 +21,16 @@ from memsvc.prefetch import queries as prefetch_sql
 from memsvc.retrieval.dense import dense_hits
 from memsvc.retrieval.lexical import lexical_hits
 from memsvc.retrieval.query import ItemKind
-from memsvc.storage import changes, export, extraction, memories, outbox, retention, versions
+from memsvc.storage import (
+    changes,
+    erasure,
+    export,
+    extraction,
+    memories,
+    outbox,
+    retention,
+    versions,
+)
 from memsvc.storage.messages import StoredMessage, insert_messages
 from memsvc.storage.model import NewMemory, Scope
 from tests.cluster.plans import Plan, Recorder, Statement, distributed_plans, explain
@@ -236,3 +245,96 @@ async def test_prefetch_reads(conn: asyncpg.Connection, scope: Scope) -> None:
         await prefetch_sql.recent_facts(db, scope, core_role="core", limit=10, timeout_s=10)
 
     _assert_single_shard(await _recorded(conn, run), expected_at_least=8)
+
+
+async def _remember_from(conn: asyncpg.Connection, scope: Scope, text: str, session: str) -> Any:
+    """A memory taken from a message of the user's own session, as extraction stores one."""
+    sent = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    message_id = f"m-{uuid.uuid4().hex[:8]}"
+    await insert_messages(
+        conn, scope, uuid.uuid4(), [StoredMessage(session, message_id, "alice", "user", text, sent)]
+    )
+    memory = NewMemory(
+        content=text,
+        category="preference",
+        role="fact",
+        confidence=0.9,
+        source_message_ids=(message_id,),
+        session_id=session,
+    )
+    record, _ = await memories.insert_or_reinforce(
+        conn,  # type: ignore[arg-type]
+        scope,
+        memory,
+        content_hash=hashlib.sha256(text.encode()).digest(),
+        embedding=None,
+        embedding_model="",
+    )
+    return record
+
+
+async def test_correct_statements(conn: asyncpg.Connection, scope: Scope) -> None:
+    """What Correct runs in its transaction (memories/service.py): the old version read and
+    locked, the duplicate check, its validity closed, the new version, the user's version."""
+    old = await _remember_from(conn, scope, "Alice lives in Lyon", "s1")
+    text = "Alice lives in Paris"
+    digest = hashlib.sha256(text.encode()).digest()
+
+    async def run(rec: Recorder) -> None:
+        db: Any = rec
+        locked = await memories.get_owned(db, scope, old.memory_id, for_update=True)
+        assert locked is not None
+        assert await memories.find_active_duplicate(db, scope, digest) is None
+        new_id = uuid.uuid4()
+        await memories.mark_superseded(db, locked, new_id)
+        await memories.insert_or_reinforce(
+            db,
+            scope,
+            _memory(text),
+            content_hash=digest,
+            embedding=None,
+            embedding_model="",
+            memory_id=new_id,
+            lineage_id=locked.lineage_id,
+            supersedes_id=locked.memory_id,
+            correction_reason="moved",
+        )
+        await versions.bump_version(db, scope.tenant_id, scope.user_id)
+
+    _assert_single_shard(await _recorded(conn, run), expected_at_least=5)
+
+
+@pytest.mark.parametrize("what", ["ids", "scope"])
+async def test_forget_statements(conn: asyncpg.Connection, scope: Scope, what: str) -> None:
+    """Forget of memories by id (with the messages they came from, in the user's own
+    session, their episodes and topics) and of a whole scope: the user's shard alone."""
+    record = await _remember_from(conn, scope, "Alice likes hiking in the Alps", "s1")
+
+    async def run(rec: Recorder) -> None:
+        db: Any = rec
+        if what == "ids":
+            found = await memories.owned_lineages(db, scope, [record.memory_id])
+            assert await erasure.erase_memories(db, scope, list(found.values()), {}) == 1
+        else:
+            assert await erasure.erase_scope(db, scope) == 1
+        await versions.bump_version(db, scope.tenant_id, scope.user_id)
+
+    _assert_single_shard(await _recorded(conn, run), expected_at_least=4)
+
+
+async def test_erasure_of_a_user(conn: asyncpg.Connection, scope: Scope) -> None:
+    """Every table's rows of the user go on their shard alone; one statement fans out, by
+    design: what the user said in sessions other users own (a meeting) is stored on those
+    users' shards, and which users they are is known only by looking."""
+    await _remember_from(conn, scope, "Alice likes hiking in the Alps", "s1")
+
+    async def run(rec: Recorder) -> None:
+        await erasure.erase_user(rec, scope.tenant_id, scope.user_id)  # type: ignore[arg-type]
+
+    plans = await _recorded(conn, run)
+    wide = [p for p in plans if not p.single_shard]
+    assert len(plans) >= len(erasure.USER_TABLES) + 1, [p.describe() for p in plans]
+    assert [" ".join(p.statement.sql.split()) for p in wide] == [
+        "DELETE FROM messages WHERE tenant_id = $1 AND sender_id = $2"
+        " RETURNING tenant_id, user_id, persona_id, agent_id, session_id"
+    ], [p.describe() for p in wide]
