@@ -49,7 +49,7 @@ from memsvc.governance.guard import PiiGuard
 from memsvc.governance.pii import Screened
 from memsvc.memories.normalize import content_hash
 from memsvc.observability import metrics
-from memsvc.storage import changes, versions
+from memsvc.storage import changes
 from memsvc.storage import imports as sql
 from memsvc.storage import messages as message_sql
 from memsvc.storage.extraction import lock_user
@@ -185,8 +185,7 @@ class ImportService:
             )
             await writer.links(parsed)
             await writer.core_blocks(parsed.core_blocks, texts.core_blocks)
-            await versions.bump_version(conn, target.tenant_id, target.user_id)
-            await self._waker.user(conn, target.tenant_id, target.user_id)
+            await self._waker.bump(conn, target.tenant_id, target.user_id)
         await self._invalidator.drop_user(target.tenant_id, target.user_id)
         for kind in KINDS:
             metrics.IMPORT_RECORDS.labels(kind, "imported").inc(result.imported[kind])

@@ -55,7 +55,7 @@ from memsvc.ingest.payload import JobPayload, parse_payload
 from memsvc.memories.compaction import CoreCompactor
 from memsvc.memories.normalize import content_hash, normalize_content
 from memsvc.observability import metrics
-from memsvc.storage import changes, memories, messages, retention, versions
+from memsvc.storage import changes, memories, messages, retention
 from memsvc.storage import extraction as store
 from memsvc.storage.connection import Connection
 from memsvc.storage.model import NewMemory, Scope
@@ -213,8 +213,7 @@ class ExtractionPipeline:
         async with self._acquire() as conn, conn.transaction():
             deleted = await retention.end_session(conn, scopes, job.session_id)
             if deleted:
-                await versions.bump_version(conn, job.scope.tenant_id, job.scope.user_id)
-                await self._waker.user(conn, job.scope.tenant_id, job.scope.user_id)
+                await self._waker.bump(conn, job.scope.tenant_id, job.scope.user_id)
         if deleted:
             await self._invalidator.drop_user(job.scope.tenant_id, job.scope.user_id)
             metrics.EXPIRED.labels("memory").inc(deleted)
@@ -408,8 +407,7 @@ class ExtractionPipeline:
             outcome.core_demoted += len(compacted.demoted)
         if prepared.episode is not None:
             await self._write_episode(conn, job, speaker, prepared, touched, outcome)
-        await versions.bump_version(conn, scope.tenant_id, scope.user_id)
-        await self._waker.user(conn, scope.tenant_id, scope.user_id)
+        await self._waker.bump(conn, scope.tenant_id, scope.user_id)
         await store.finish_run(conn, scope, job.ingest_id, outcome.as_dict())
 
     async def _write_episode(

@@ -30,7 +30,7 @@ from memsvc.governance import trust
 from memsvc.governance.guard import PiiGuard
 from memsvc.memories.compaction import CoreCompactor
 from memsvc.prefetch.assembly import core_order
-from memsvc.storage import changes, versions
+from memsvc.storage import changes
 from memsvc.storage import core as core_store
 from memsvc.storage import core_blocks as store
 from memsvc.storage.connection import Connection
@@ -163,8 +163,7 @@ class CoreBlockService:
                     conn, scope, path="core_block", budget_s=budget.remaining()
                 )
                 displaced = compacted.displaced
-            await versions.bump_version(conn, scope.tenant_id, scope.user_id)
-            await self._waker.user(conn, scope.tenant_id, scope.user_id)
+            await self._waker.bump(conn, scope.tenant_id, scope.user_id)
             view = await self._view(conn, scope, command.block)
         await self._invalidator.drop_user(scope.tenant_id, scope.user_id)
         return BlockUpdated(view, tuple(self._decorate(r) for r in displaced))

@@ -145,8 +145,7 @@ class MemoryService:
                         budget_s=budget.remaining(),
                     )
                     displaced = compacted.displaced
-                await versions.bump_version(conn, scope.tenant_id, scope.user_id)
-                await self._waker.user(conn, scope.tenant_id, scope.user_id)
+                await self._waker.bump(conn, scope.tenant_id, scope.user_id)
         await self._invalidator.drop_user(scope.tenant_id, scope.user_id)
         return Remembered(
             self._decorate(record),
@@ -226,8 +225,7 @@ class MemoryService:
                     path="correct",
                     budget_s=budget.remaining(),
                 )
-            await versions.bump_version(conn, scope.tenant_id, scope.user_id)
-            await self._waker.user(conn, scope.tenant_id, scope.user_id)
+            await self._waker.bump(conn, scope.tenant_id, scope.user_id)
         await self._invalidator.drop_user(scope.tenant_id, scope.user_id)
         return self._decorate(record)
 
@@ -375,8 +373,7 @@ class MemoryService:
                     budget_s=budget.remaining(),
                 )
                 displaced = compacted.displaced
-            await versions.bump_version(conn, scope.tenant_id, scope.user_id)
-            await self._waker.user(conn, scope.tenant_id, scope.user_id)
+            await self._waker.bump(conn, scope.tenant_id, scope.user_id)
         await self._invalidator.drop_user(scope.tenant_id, scope.user_id)
         return Updated(self._decorate(record), tuple(self._decorate(r) for r in displaced), True)
 

@@ -13,7 +13,7 @@ from memsvc.concurrency.deadline import Budget
 from memsvc.errors import NotFound
 from memsvc.prefetch.model import EpisodeRecord
 from memsvc.prefetch.queries import episode_from_row
-from memsvc.storage import changes, versions
+from memsvc.storage import changes
 from memsvc.storage import sessions as store
 from memsvc.storage.model import Scope
 from memsvc.storage.pool import acquire
@@ -89,7 +89,6 @@ class SessionService:
                 raise NotFound(
                     f"session {session_id!r} not found in this scope; nothing was deleted"
                 )
-            await versions.bump_version(conn, scope.tenant_id, scope.user_id)
-            await self._waker.user(conn, scope.tenant_id, scope.user_id)
+            await self._waker.bump(conn, scope.tenant_id, scope.user_id)
         await self._invalidator.drop_user(scope.tenant_id, scope.user_id)
         return done

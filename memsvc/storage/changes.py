@@ -16,7 +16,7 @@ from typing import Literal
 
 import asyncpg
 
-from memsvc.storage import citus
+from memsvc.storage import citus, versions
 from memsvc.storage.connection import Connection
 from memsvc.storage.model import Scope
 
@@ -97,8 +97,9 @@ class Waker:
     transaction cannot notify), so the writer notifies from its coordinator connection, in
     the writing transaction: delivered at its commit, never for a rollback, as the trigger's
     was (outbox.wake does the same for the outbox). Every transaction that changes a user's
-    memories or core blocks bumps their version (storage.versions) or erases them: call
-    ``users`` beside that, with the same users. Whether the database is Citus is found out
+    memories or core blocks bumps their version (storage.versions) or erases them: it ends
+    with ``bump`` (the version and the wake together), or ``user``/``users`` beside an
+    erasure or a multi-user bump. Whether the database is Citus is found out
     at the first call (one query per Waker; each writing service holds its own)."""
 
     def __init__(self) -> None:
@@ -122,6 +123,13 @@ class Waker:
 
     async def user(self, conn: Connection, tenant_id: str, user_id: str) -> None:
         await self.users(conn, [(tenant_id, user_id)])
+
+    async def bump(self, conn: Connection, tenant_id: str, user_id: str) -> int:
+        """Inside the writing transaction: the user's new version (storage.versions) and their
+        listeners woken at its commit; how a write of one user's memories or core blocks ends."""
+        version = await versions.bump_version(conn, tenant_id, user_id)
+        await self.user(conn, tenant_id, user_id)
+        return version
 
 
 async def head(conn: Connection, tenant_id: str, user_id: str) -> int:
