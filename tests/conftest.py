@@ -7,6 +7,7 @@ import os
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,16 +89,25 @@ def embedder() -> Iterator[Embedder]:
     yield OnnxMiniLMEmbedder(intra_op_threads=1)
 
 
-@pytest.fixture(scope="session")
-async def server(settings: Settings, embedder: Embedder) -> AsyncIterator[MemsvcServer]:
-    # Workers off in the shared server: write-path tests drain explicitly (see `drain`), so
-    # no background job races an assertion. Tests of the in-server worker start their own.
-    srv = MemsvcServer(settings, embedder=embedder, with_worker=False)
+@asynccontextmanager
+async def started_server(
+    settings: Settings, embedder: Embedder, *, grace_s: float = 0.5, **overrides: Any
+) -> AsyncIterator[MemsvcServer]:
+    """A memsvc on the session's databases with ``overrides``, workers off, stopped after."""
+    srv = MemsvcServer(settings.with_overrides(**overrides), embedder=embedder, with_worker=False)
     await srv.start()
     try:
         yield srv
     finally:
-        await srv.stop(grace_s=1.0)
+        await srv.stop(grace_s=grace_s)
+
+
+@pytest.fixture(scope="session")
+async def server(settings: Settings, embedder: Embedder) -> AsyncIterator[MemsvcServer]:
+    # Workers off in the shared server: write-path tests drain explicitly (see `drain`), so
+    # no background job races an assertion. Tests of the in-server worker start their own.
+    async with started_server(settings, embedder, grace_s=1.0) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="session")

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import uuid
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from memsvc.storage import memories
+from memsvc.storage.model import MemoryRecord, NewMemory, Scope
 from memsvc.v1 import memory_pb2 as pb
 from tests.conftest import Caller
 
@@ -81,3 +85,26 @@ async def status(caller: Caller, ingest_id: str) -> pb.IngestStatus:
         pb.GetIngestStatusRequest(ingest_id=ingest_id)
     )
     return reply
+
+
+async def stored_fact(
+    conn: Any, scope: Scope, text: str, *, session_id: str, message_id: str
+) -> MemoryRecord:
+    """A fact stored as extraction stores one, taken from one line of a session (storage
+    level: no embedding)."""
+    record, _ = await memories.insert_or_reinforce(
+        conn,
+        scope,
+        NewMemory(
+            content=text,
+            category="preference",
+            role="fact",
+            confidence=0.9,
+            source_message_ids=(message_id,),
+            session_id=session_id,
+        ),
+        content_hash=hashlib.sha256(text.encode()).digest(),
+        embedding=None,
+        embedding_model="",
+    )
+    return record

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import uuid
 from datetime import UTC, datetime
 
@@ -15,13 +14,12 @@ from memsvc.extraction.rules import RulesExtractor
 from memsvc.ingest.pipeline import ExtractionPipeline
 from memsvc.ingest.worker import OutboxWorker
 from memsvc.server.runtime import pipeline_settings, worker_settings
-from memsvc.storage import memories
 from memsvc.storage.erasure import USER_TABLES, erase_memories
 from memsvc.storage.messages import StoredMessage, insert_messages
-from memsvc.storage.model import NewMemory, Scope
+from memsvc.storage.model import Scope
 from memsvc.v1 import memory_pb2 as pb
 from tests.conftest import Caller
-from tests.ingest_helpers import contents, ingest, msg
+from tests.ingest_helpers import contents, ingest, msg, stored_fact
 from tests.read_helpers import prefetch, recall
 
 SECRET = "Zanzibar"
@@ -219,21 +217,7 @@ async def test_forgetting_a_memory_reaches_its_source_lines_in_another_users_ses
         kept = []
         for session, line in (("meet-1", "m1"), ("bob-own", "m2")):
             text = f"Bob went to {SECRET} ({line})"
-            record, _ = await memories.insert_or_reinforce(
-                conn,
-                speaker,
-                NewMemory(
-                    content=text,
-                    category="event",
-                    role="fact",
-                    confidence=0.9,
-                    source_message_ids=(line,),
-                    session_id=session,
-                ),
-                content_hash=hashlib.sha256(text.encode()).digest(),
-                embedding=None,
-                embedding_model="",
-            )
+            record = await stored_fact(conn, speaker, text, session_id=session, message_id=line)
             kept.append(record.lineage_id)
         assert await erase_memories(conn, speaker, kept, {}) == 2
         assert (

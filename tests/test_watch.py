@@ -23,9 +23,9 @@ from memsvc.embedding import Embedder
 from memsvc.server.app import MemsvcServer
 from memsvc.storage import changes
 from memsvc.v1 import memory_pb2 as pb
-from tests.conftest import Caller, _KeyedStub
+from tests.conftest import Caller, started_server
 from tests.ingest_helpers import ingest, msg
-from tests.read_helpers import prefetch, pscope
+from tests.read_helpers import prefetch, pscope, stub_for
 
 HEARTBEAT_S = 0.4
 PER_TENANT = 3
@@ -44,20 +44,14 @@ FORGOTTEN, EXPIRED, ERASED, HEARTBEAT = (
 
 @pytest.fixture(scope="module")
 async def watch_server(settings: Settings, embedder: Embedder) -> AsyncIterator[MemsvcServer]:
-    srv = MemsvcServer(
-        settings.with_overrides(
-            watch_heartbeat_s=HEARTBEAT_S,
-            watch_poll_s=0.5,
-            watch_max_streams_per_tenant=PER_TENANT,
-        ),
-        embedder=embedder,
-        with_worker=False,
-    )
-    await srv.start()
-    try:
+    async with started_server(
+        settings,
+        embedder,
+        watch_heartbeat_s=HEARTBEAT_S,
+        watch_poll_s=0.5,
+        watch_max_streams_per_tenant=PER_TENANT,
+    ) as srv:
         yield srv
-    finally:
-        await srv.stop(grace_s=0.5)
 
 
 @pytest.fixture(scope="module")
@@ -68,9 +62,7 @@ async def watch_channel(watch_server: MemsvcServer) -> AsyncIterator[grpc.aio.Ch
 
 @pytest.fixture
 def stub(caller: Caller, watch_channel: grpc.aio.Channel) -> Any:
-    from memsvc.v1 import memory_pb2_grpc
-
-    return _KeyedStub(memory_pb2_grpc.MemoryServiceStub(watch_channel), caller.key)
+    return stub_for(watch_channel, caller)
 
 
 class Watch:

@@ -24,10 +24,9 @@ from memsvc.config import Settings
 from memsvc.embedding import Embedder
 from memsvc.server.app import MemsvcServer
 from memsvc.v1 import memory_pb2 as pb
-from memsvc.v1 import memory_pb2_grpc
-from tests.conftest import Caller, _KeyedStub
+from tests.conftest import Caller, started_server
 from tests.ingest_helpers import ingest, msg
-from tests.read_helpers import pscope
+from tests.read_helpers import pscope, stub_for
 from tests.test_import import export_lines, import_lines
 from tests.test_watch import remember
 
@@ -39,16 +38,10 @@ CAROL = pscope("carol")
 
 @pytest.fixture(scope="module")
 async def slow_server(settings: Settings, embedder: Embedder) -> AsyncIterator[MemsvcServer]:
-    srv = MemsvcServer(
-        settings.with_overrides(watch_poll_s=SLOW_S, watch_heartbeat_s=SLOW_S),
-        embedder=embedder,
-        with_worker=False,
-    )
-    await srv.start()
-    try:
+    async with started_server(
+        settings, embedder, watch_poll_s=SLOW_S, watch_heartbeat_s=SLOW_S
+    ) as srv:
         yield srv
-    finally:
-        await srv.stop(grace_s=0.5)
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +52,7 @@ async def slow_channel(slow_server: MemsvcServer) -> AsyncIterator[grpc.aio.Chan
 
 @pytest.fixture
 def watcher(caller: Caller, slow_channel: grpc.aio.Channel) -> Any:
-    return _KeyedStub(memory_pb2_grpc.MemoryServiceStub(slow_channel), caller.key)
+    return stub_for(slow_channel, caller)
 
 
 class Stream:

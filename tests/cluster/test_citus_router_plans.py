@@ -34,6 +34,7 @@ from memsvc.storage import (
 from memsvc.storage.messages import StoredMessage, insert_messages
 from memsvc.storage.model import NewMemory, Scope
 from tests.cluster.plans import Plan, Recorder, Statement, distributed_plans, explain
+from tests.ingest_helpers import stored_fact
 
 KINDS = (ItemKind.FACT, ItemKind.EPISODE, ItemKind.MESSAGE)
 
@@ -254,23 +255,7 @@ async def _remember_from(conn: asyncpg.Connection, scope: Scope, text: str, sess
     await insert_messages(
         conn, scope, uuid.uuid4(), [StoredMessage(session, message_id, "alice", "user", text, sent)]
     )
-    memory = NewMemory(
-        content=text,
-        category="preference",
-        role="fact",
-        confidence=0.9,
-        source_message_ids=(message_id,),
-        session_id=session,
-    )
-    record, _ = await memories.insert_or_reinforce(
-        conn,  # type: ignore[arg-type]
-        scope,
-        memory,
-        content_hash=hashlib.sha256(text.encode()).digest(),
-        embedding=None,
-        embedding_model="",
-    )
-    return record
+    return await stored_fact(conn, scope, text, session_id=session, message_id=message_id)
 
 
 async def test_correct_statements(conn: asyncpg.Connection, scope: Scope) -> None:
