@@ -348,12 +348,19 @@ class Settings:
         "while the event loop stays this late (a saturated CPU), new reads get "
         "`RESOURCE_EXHAUSTED` at once (`0`: off)",
     )
-    reads_max_queue_ms: int = setting(
-        0,
+    reads_degrade_queue_ms: int = setting(
+        20,
         "while the oldest call waiting in gRPC's queue for a handler has waited longer than "
-        "this, reads get `RESOURCE_EXHAUSTED` at once: under overload fewer reads are "
-        "answered, sooner, and none waits past its deadline in that queue (`0`: off; see "
-        "README, overload)",
+        "this (the serving loop is saturated), Recall answers without embedding its query "
+        "(`degraded`, the cheapest answer), so the queue drains before anyone is refused "
+        "(`0`: off; see README, overload)",
+    )
+    reads_max_queue_ms: int = setting(
+        100,
+        "while the oldest call waiting in gRPC's queue for a handler has waited longer than "
+        "this, reads get `RESOURCE_EXHAUSTED` at once: the calls that waited that long are "
+        "refused at a fraction of an answer's cost until the queue is short again, so none "
+        "waits past its deadline there (`0`: off; see README, overload)",
     )
     reads_max_cpu_busy: float = setting(
         0.9,
@@ -655,6 +662,8 @@ class Settings:
             raise ConfigError("MEMSVC_RECALL_EMBED_ADMIT_SHARE must be in (0, 1]")
         if self.reads_max_queue_ms < 0:
             raise ConfigError("MEMSVC_READS_MAX_QUEUE_MS must be at least 0")
+        if self.reads_degrade_queue_ms < 0:
+            raise ConfigError("MEMSVC_READS_DEGRADE_QUEUE_MS must be at least 0")
         if not 0 <= self.reads_max_cpu_busy <= 1:
             raise ConfigError("MEMSVC_READS_MAX_CPU_BUSY must be in [0, 1]")
         if not 0 <= self.recall_answer_headroom <= 0.5:

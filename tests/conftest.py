@@ -43,7 +43,11 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 # server's event loop, so a burst of calls queues in front of the handlers while the loop
 # sends them; a read degraded or refused because of that would fail tests about something
 # else. tests/test_cpu_busy.py and tests/test_core_queue.py turn them on, each under control.
-LOAD_GATES_OFF: dict[str, Any] = {"reads_max_cpu_busy": 0.0, "reads_max_queue_ms": 0}
+LOAD_GATES_OFF: dict[str, Any] = {
+    "reads_max_cpu_busy": 0.0,
+    "reads_max_queue_ms": 0,
+    "reads_degrade_queue_ms": 0,
+}
 
 
 @pytest.fixture(scope="session")

@@ -195,6 +195,7 @@ class Burst:
     def __init__(self, port: int, key: str, query: str, calls: int) -> None:
         self._channel = grpc.insecure_channel(f"127.0.0.1:{port}")
         self._stub = memory_pb2_grpc.MemoryServiceStub(self._channel)
+        self._query = query
         self._request = pb.RecallRequest(scope=pscope(), query=query)
         self._metadata = (("x-api-key", key),)
         self._pool = ThreadPoolExecutor(calls)
@@ -204,16 +205,18 @@ class Burst:
         """One call answered (run it off the loop): the channel is connected before the burst."""
         self._stub.Recall(self._request, metadata=self._metadata, timeout=10)
 
-    def _one(self) -> str:
+    def _one(self, i: int) -> str:
+        # A query of its own: a vector cached by an earlier call would cost nothing to use.
+        request = pb.RecallRequest(scope=pscope(), query=f"{self._query} {i}")
         try:
-            self._stub.Recall(self._request, metadata=self._metadata, timeout=10)
-            return "OK"
+            reply = self._stub.Recall(request, metadata=self._metadata, timeout=10)
+            return f"OK degraded {list(reply.missing_legs)}" if reply.degraded else "OK"
         except grpc.RpcError as exc:
             hint = dict(exc.trailing_metadata() or ()).get("retry-after-ms")
             return f"{exc.code().name} (retry after {hint} ms): {exc.details()}"
 
     def send(self) -> list[Future[str]]:
-        return [self._pool.submit(self._one) for _ in range(self._calls)]
+        return [self._pool.submit(self._one, i) for i in range(self._calls)]
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
@@ -242,7 +245,7 @@ async def test_reads_queued_too_long_in_grpc_are_refused_at_once_with_the_gate_o
     query = await seeded(caller)
     srv, _channel = await start_server(reads_max_queue_ms=max_queue_ms)
     outcomes = await burst_behind_a_blocked_loop(srv.port, caller, query)
-    refused = [o for o in outcomes if o != "OK"]
+    refused = [o for o in outcomes if not o.startswith("OK")]
     if not max_queue_ms:
         assert not refused  # off: the same burst is answered
         return
@@ -250,3 +253,26 @@ async def test_reads_queued_too_long_in_grpc_are_refused_at_once_with_the_gate_o
     for outcome in refused:
         assert outcome.startswith("RESOURCE_EXHAUSTED (retry after 100 ms)"), outcome
         assert "in its queue before a handler takes them" in outcome, outcome
+
+
+@pytest.mark.parametrize("degrade_queue_ms", [50, 0])
+async def test_recall_answers_without_its_embedding_while_calls_queue_in_grpc(
+    caller: Caller, start_server: StartServer, degrade_queue_ms: int
+) -> None:
+    """The cheapest answer before a refusal: calls that queued behind a saturated loop are
+    answered from the lexical leg alone (degraded, reason overload), none refused."""
+    query = await seeded(caller)
+    srv, _channel = await start_server(reads_degrade_queue_ms=degrade_queue_ms)
+    outcomes = await burst_behind_a_blocked_loop(srv.port, caller, query)
+    assert all(o.startswith("OK") for o in outcomes), outcomes
+    degraded = [o for o in outcomes if o != "OK"]
+    if not degrade_queue_ms:
+        assert not degraded, outcomes  # off: each call embeds its query
+        return
+    assert degraded, outcomes
+    assert all(o == "OK degraded ['embed', 'dense']" for o in degraded), outcomes
+    for _ in range(100):  # drained: the next samples see the queue empty
+        if srv.runtime.core_queue.wait_s() == 0.0:
+            break
+        await asyncio.sleep(0.01)
+    assert srv.runtime.core_queue.wait_s() == 0.0

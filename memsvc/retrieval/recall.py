@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -74,6 +74,9 @@ class RecallConfig:
     max_loop_lag_s: float = 0.0
     # Busier than this machine-wide CPU share, the query is not embedded (0: off).
     max_cpu_busy: float = 0.0
+    # While the oldest call queued in front of the handlers has waited longer than this, the
+    # query is not embedded either (0: off).
+    max_queue_s: float = 0.0
     # Budgets up to this long (voice) do not wait for the embedding and the dense leg when
     # the lexical leg suffices (leg_policy); 0: always wait.
     lexical_enough_below_s: float = 0.0
@@ -102,6 +105,7 @@ class RecallConfig:
             half_life_days=settings.half_life_days,
             max_loop_lag_s=settings.reads_max_loop_lag_ms / 1000,
             max_cpu_busy=settings.reads_max_cpu_busy,
+            max_queue_s=settings.reads_degrade_queue_ms / 1000,
             lexical_enough_below_s=settings.recall_lexical_enough_below_ms / 1000,
             embed_admit_share=settings.recall_embed_admit_share,
             answer_headroom=settings.recall_answer_headroom,
@@ -159,6 +163,7 @@ class RecallService:
         *,
         loop_lag: LoopLag | None = None,
         cpu_busy: CpuBusy | None = None,
+        queue_wait: Callable[[], float] | None = None,
         references: ReferenceRecorder | None = None,
     ) -> None:
         self._pool = pool
@@ -167,6 +172,7 @@ class RecallService:
         self._config = config
         self._loop_lag = loop_lag
         self._cpu_busy = cpu_busy if config.max_cpu_busy > 0 else None
+        self._queue_wait = queue_wait if config.max_queue_s > 0 else None
         self._references = references
         self._lexical_s = 0.0
         self._lexical_at = 0.0
@@ -182,14 +188,16 @@ class RecallService:
         return self._lexical_s * decay + lag_s
 
     def _machine_saturated(self, text: str) -> bool:
-        """The machine's CPUs busier than configured and ``text`` not embedded yet: its ~10
-        ms of CPU would push every answer on the machine later (a cached vector costs none)."""
-        cpu = self._cpu_busy
+        """The machine's CPUs busier than configured, or calls queued in front of the
+        handlers for longer than configured (the serving loop is saturated), and ``text``
+        not embedded yet: its ~10 ms of CPU would push every answer on the machine later (a
+        cached vector costs none). A degraded answer comes before refusing anyone: calls
+        then leave the queue faster than they arrive, where an embedding each keeps it."""
+        cpu, queue_wait = self._cpu_busy, self._queue_wait
         return (
-            cpu is not None
-            and cpu.busy > self._config.max_cpu_busy
-            and self._embedder.cached(text) is None
-        )
+            (cpu is not None and cpu.busy > self._config.max_cpu_busy)
+            or (queue_wait is not None and queue_wait() > self._config.max_queue_s)
+        ) and self._embedder.cached(text) is None
 
     def _legs_budget_s(self, budget: Budget) -> float:
         """How long the legs may run: the budget less its headroom, and less twice the loop's

@@ -4,9 +4,10 @@ Two gates. Per tenant, after authentication: a token bucket and a cap on calls i
 one tenant cannot take every slot of the server. Per process, for reads: a cap on Recall +
 Prefetch in flight, past which a read is shed rather than left to answer late; the cap
 shrinks while the machine's CPUs are saturated (concurrency/cpu_busy.py), whoever saturates
-them; and, when turned on (``MEMSVC_READS_MAX_QUEUE_MS``), while calls queue in gRPC's core
-in front of the handlers (server/core_queue.py), reads are refused until the queue is short
-again.
+them; and while the oldest call queued in gRPC's core in front of the handlers
+(server/core_queue.py) has waited longer than ``MEMSVC_READS_MAX_QUEUE_MS``, reads are
+refused until the queue is short again (Recall stops embedding its queries at a shorter wait,
+``MEMSVC_READS_DEGRADE_QUEUE_MS``, so this is the last resort).
 """
 
 from __future__ import annotations
@@ -48,13 +49,14 @@ class InFlightLimit:
     gets full results, instead of a long one where it would answer degraded, or late; a
     chat call's 800 ms may join a queue four times deeper.
 
-    And a gate on the queue before the handlers (``core_queue``; off unless ``max_queue_s``):
-    while its oldest call has waited more than ``max_queue_s``, every read is refused at
+    And a gate on the queue before the handlers (``core_queue``; off when ``max_queue_s`` is
+    0): while its oldest call has waited more than ``max_queue_s``, every read is refused at
     once. Those are the calls at the head of the queue, already late by that much; refusing
-    them empties the queue, so no call waits past its deadline there. It is all or nothing:
-    once the queue is short the calls behind are admitted together and it fills again, and
-    under overload it answers far fewer reads than queueing does (README, overload), so a
-    deployment chooses it when a fast refusal is worth more than a late-ish answer.
+    one costs the loop about half of the cheapest answer, so the queue drains and no call
+    waits past its deadline there. Alone it would refuse far too much (an embedding per call
+    keeps the loop saturated: once the queue is short the calls behind are admitted together
+    and it fills again); with Recall answering from its lexical leg alone from a shorter wait
+    on (retrieval/recall.py), it only catches what even that cannot drain (README, overload).
     """
 
     # Weight of the newest read in the moving averages.

@@ -20,7 +20,7 @@ from memsvc.extraction.base import Extractor
 from memsvc.observability import gc_pauses
 from memsvc.observability.metrics_http import MetricsEndpoint
 from memsvc.server.auth import Authenticator
-from memsvc.server.core_queue import CoreQueue, server_ids
+from memsvc.server.core_queue import server_ids
 from memsvc.server.interceptor import ObservingInterceptor
 from memsvc.server.runtime import Runtime
 from memsvc.server.servicer import MemoryServicer
@@ -60,7 +60,6 @@ class MemsvcServer:
             settings, embedder=embedder, extractor=extractor, with_worker=with_worker
         )
         self._server: grpc.aio.Server | None = None
-        self._core_queue = CoreQueue()
         self._health: AsyncHealthServicer | None = None
         self.pool: asyncpg.Pool | None = None
         self.port: int = 0
@@ -84,7 +83,7 @@ class MemsvcServer:
                 acquire_timeout_s=settings.pg_acquire_timeout_ms / 1000,
             )
             worker = runtime.worker
-            core_queue = self._core_queue
+            core_queue = runtime.core_queue
             servicer = MemoryServicer(
                 settings,
                 auth,
@@ -156,7 +155,7 @@ class MemsvcServer:
             log.debug("read path warmed in %.0f ms", warmed_s * 1000)
             await server.start()
             self._server = server
-            if settings.reads_max_queue_ms > 0:
+            if settings.reads_max_queue_ms > 0 or settings.reads_degrade_queue_ms > 0:
                 core_queue.start()
             for name in ("", SERVICE_NAME):
                 await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -168,7 +167,7 @@ class MemsvcServer:
                     any_port_if_taken=self._metrics_any_port,
                 )
         except BaseException:
-            self._core_queue.stop()
+            self.runtime.core_queue.stop()
             if self._server is not None:
                 await self._server.stop(None)
                 self._server = None
@@ -179,7 +178,7 @@ class MemsvcServer:
     async def stop(self, grace_s: float | None = None) -> None:
         """Stop accepting calls, let in-flight ones finish within the grace period, then stop
         the workers (they drain too) and close every connection."""
-        self._core_queue.stop()
+        self.runtime.core_queue.stop()
         if self._server is not None:
             if self._health is not None:
                 await self._health.enter_graceful_shutdown()

@@ -15,8 +15,10 @@ the queue is seen empty: arrived, less ended (``callsSucceeded`` + ``callsFailed
 a handler is an upper bound of the queue (a handler that returned before the core sent its
 status counts in it), so when that is 0 every call arrived was taken or died.
 
-The admission gate (server/admission.py, ``MEMSVC_READS_MAX_QUEUE_MS``, off by default)
-refuses reads at once while that wait is long; the sampling thread runs only when it is on.
+Recall answers without embedding its query while that wait is over
+``MEMSVC_READS_DEGRADE_QUEUE_MS`` (retrieval/recall.py), and the admission gate
+(server/admission.py, ``MEMSVC_READS_MAX_QUEUE_MS``) refuses reads at once while it is over
+that; the sampling thread runs when either is on.
 
 The counters come from grpc's own channelz (``grpc._cython.cygrpc.channelz_get_server``,
 the call grpcio-channelz's servicer makes before turning the JSON into protobuf, which would

@@ -45,6 +45,7 @@ from memsvc.prefetch.warmer import PacketWarmer, WarmConfig
 from memsvc.retrieval.embed_cache import EmbeddingLRU, QueryEmbedder
 from memsvc.retrieval.recall import RecallConfig, RecallService
 from memsvc.retrieval.references import ReferenceRecorder
+from memsvc.server.core_queue import CoreQueue
 from memsvc.storage import pool as pools
 from memsvc.storage.notifications import ChangeListener
 from memsvc.storage.pool import connect_and_migrate
@@ -130,6 +131,9 @@ class Runtime:
     prefetch: PrefetchService
     # The machine's CPU busy share, for the read gates (None: MEMSVC_READS_MAX_CPU_BUSY=0).
     cpu_busy: CpuBusy | None
+    # How long calls wait in gRPC's core for a handler: the serving app points it at its
+    # server; Recall degrades and the read gate refuses on it (MEMSVC_READS_*_QUEUE_MS).
+    core_queue: CoreQueue
     export: ExportService
     changes: ChangeStream
     listener: ChangeListener
@@ -158,6 +162,7 @@ class Runtime:
         self._stack = AsyncExitStack()
         self.worker = None
         self.cpu_busy = None
+        self.core_queue = CoreQueue()
 
     async def start(self) -> None:
         settings = self.settings
@@ -420,6 +425,7 @@ class Runtime:
             RecallConfig.from_settings(settings),
             loop_lag=loop_lag,
             cpu_busy=self.cpu_busy,
+            queue_wait=self.core_queue.wait_s,
             references=self.references,
         )
         self.prefetch = PrefetchService(
