@@ -9,6 +9,7 @@ import gc
 import json
 import math
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -221,6 +222,8 @@ class Phase:
     # How late the load generator started each call (its own loop's lag): when this grows,
     # lateness is the client's, not the server's.
     start_lags_s: list[float] = field(default_factory=list)
+    # RESOURCE_EXHAUSTED answers by the server's reason (its message, figures left out).
+    refusals: Counter[str] = field(default_factory=Counter)
 
     def summary(self) -> Summary:
         return summarize(self.name, self.latencies_s, self.outcomes, self.deadline_s, self.wall_s)
@@ -253,6 +256,7 @@ class Phase:
             if self.server_total_ms
             else None,
             "client_start_lag_ms": self.start_lag_ms(),
+            "refusals": dict(self.refusals.most_common()),
             # In call order (= scheduled time): stalls show up as runs of slow calls.
             "latencies_ms": [round(float(x), 1) for x in ms],
         }
@@ -402,6 +406,7 @@ async def open_loop(
     latencies = [0.0] * count
     outcomes = [""] * count
     start_lags = [0.0] * count
+    refusals: Counter[str] = Counter()
     tasks: list[asyncio.Task[None]] = []
 
     async def one(i: int, scheduled: float) -> None:
@@ -410,6 +415,8 @@ async def open_loop(
             outcome = await call(i) or "ok"
         except grpc.aio.AioRpcError as exc:
             outcome = exc.code().name
+            if exc.code() is grpc.StatusCode.RESOURCE_EXHAUSTED:
+                refusals[refusal_reason(exc.details() or "")] += 1
         except Exception as exc:
             outcome = type(exc).__name__
         latencies[i] = time.perf_counter() - scheduled
@@ -432,7 +439,23 @@ async def open_loop(
     finally:
         gc.enable()
     wall_s = time.perf_counter() - start
-    return Phase(name, rate_per_s, deadline_s, latencies, outcomes, wall_s, start_lags_s=start_lags)
+    return Phase(
+        name,
+        rate_per_s,
+        deadline_s,
+        latencies,
+        outcomes,
+        wall_s,
+        start_lags_s=start_lags,
+        refusals=refusals,
+    )
+
+
+def refusal_reason(details: str) -> str:
+    """A refusal's message up to its first colon or semicolon, figures as N: the gate that
+    refused (``this server is saturated``, ``more than N reads in flight``...)."""
+    head = re.split(r"[:;(]", details, maxsplit=1)[0]
+    return re.sub(r"\d+(\.\d+)?", "N", head).strip()
 
 
 def result_paths(kind: str) -> tuple[Path, Path]:

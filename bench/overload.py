@@ -224,7 +224,7 @@ async def drive(target: Target, args: argparse.Namespace, metrics_port: int) -> 
                 f"{counts.get('DEADLINE_EXCEEDED', 0)}, late {counts.get(LATE, 0)}; "
                 f"as the server answered: {dict(+server_side)}; CPU ms per call {cpu}; "
                 f"load generator's start lag ms {phase.start_lag_ms()}; missing legs "
-                f"{dict(+legs)}"
+                f"{dict(+legs)}; refused because {dict(phase.refusals.most_common())}"
             )
             phases.append(phase)
             overloads.append(
