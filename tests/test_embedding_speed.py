@@ -24,13 +24,30 @@ TEXTS = [
 ]
 
 #: First components of two vectors from the model derived before recipe 2 (recipe 1 kept the
-#: mask nodes); close, not exact, across CPUs whose fp32 kernels round differently.
-REFERENCE = {
+#: mask nodes); close, not exact, across CPUs whose fp32 kernels round differently. Two sets:
+#: onnxruntime's int8 products take another kernel on a CPU with VNNI instructions. Without
+#: them (AVX2, AMD EPYC) a pair of uint8 x int8 products is summed into int16 and saturates;
+#: with them (AVX-512 VNNI, Intel Xeon) it is summed exactly, and the vectors move by up to
+#: 0.015 a component (cosine ~0.99 between the two; the VNNI ones are the nearer to fp32).
+REFERENCE_SATURATING = {
     "What did Caroline say about the adoption agency?": [
         -0.12163, 0.05859, -0.0341, 0.07695, -0.04771, 0.01837, -0.00793, -0.01445,
     ],
     "hi": [-0.08259, 0.0305, 0.02729, 0.06022, -0.03026, -0.04748, 0.05526, 0.0049],
 }  # fmt: skip
+REFERENCE_VNNI = {
+    "What did Caroline say about the adoption agency?": [
+        -0.12194, 0.06636, -0.02448, 0.07215, -0.03409, 0.0095, -0.00542, -0.01546,
+    ],
+    "hi": [-0.09999, 0.02068, 0.01695, 0.05808, -0.02731, -0.05426, 0.04612, 0.01093],
+}  # fmt: skip
+
+
+def cpu_has_vnni() -> bool:
+    """Whether this (Linux) CPU has the VNNI instructions onnxruntime's int8 kernels use.
+    Read from /proc/cpuinfo's flags: py-cpuinfo would be a dependency for this one line."""
+    flags = Path("/proc/cpuinfo").read_text()
+    return " avx512_vnni" in flags or " avx_vnni" in flags
 
 
 @pytest.fixture(scope="module")
@@ -63,10 +80,11 @@ async def test_vectors_equal_the_model_with_the_mask(
 
 
 async def test_vectors_match_the_stored_reference(onnx: OnnxMiniLMEmbedder) -> None:
-    texts = list(REFERENCE)
+    reference = REFERENCE_VNNI if cpu_has_vnni() else REFERENCE_SATURATING
+    texts = list(reference)
     vectors = await onnx.embed(texts)
     for text, vector in zip(texts, vectors, strict=True):
-        np.testing.assert_allclose(vector[:8], REFERENCE[text], atol=2e-3)
+        np.testing.assert_allclose(vector[:8], reference[text], atol=2e-3)
 
 
 def test_dropping_twice_is_refused(tmp_path: Path) -> None:
