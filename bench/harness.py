@@ -246,6 +246,19 @@ class Phase:
         p50, p99 = np.percentile(lags, [50, 99])
         return {"p50": float(p50), "p99": float(p99), "max": float(lags.max())}
 
+    def late_from_send(self) -> int:
+        """Answers later than the deadline the call carried, counted from when the load
+        generator sent it: gRPC's deadline starts then, so this is what the server could
+        keep. ``late`` counts from the scheduled start, and so also holds the load
+        generator's own start lag (and its loop's lateness in taking the answer)."""
+        if not self.start_lags_s:
+            return 0
+        return sum(
+            1
+            for lat, lag, o in zip(self.latencies_s, self.start_lags_s, self.outcomes, strict=True)
+            if o == LATE and lat - lag > self.deadline_s
+        )
+
     def as_dict(self) -> dict[str, Any]:
         ms = np.asarray(self.latencies_s) * 1000
         return {
@@ -256,6 +269,7 @@ class Phase:
             if self.server_total_ms
             else None,
             "client_start_lag_ms": self.start_lag_ms(),
+            "late_from_send": self.late_from_send(),
             "refusals": dict(self.refusals.most_common()),
             # In call order (= scheduled time): stalls show up as runs of slow calls.
             "latencies_ms": [round(float(x), 1) for x in ms],

@@ -221,7 +221,8 @@ async def drive(target: Target, args: argparse.Namespace, metrics_port: int) -> 
             counts = phase.outcome_counts()
             print(
                 f"  {factor:g}x: OK share {share:.1%}, DEADLINE_EXCEEDED "
-                f"{counts.get('DEADLINE_EXCEEDED', 0)}, late {counts.get(LATE, 0)}; "
+                f"{counts.get('DEADLINE_EXCEEDED', 0)}, late {counts.get(LATE, 0)} "
+                f"({phase.late_from_send()} of them late from the send); "
                 f"as the server answered: {dict(+server_side)}; CPU ms per call {cpu}; "
                 f"load generator's start lag ms {phase.start_lag_ms()}; missing legs "
                 f"{dict(+legs)}; refused because {dict(phase.refusals.most_common())}"
