@@ -664,6 +664,11 @@ class Settings:
             raise ConfigError("MEMSVC_READS_MAX_QUEUE_MS must be at least 0")
         if self.reads_degrade_queue_ms < 0:
             raise ConfigError("MEMSVC_READS_DEGRADE_QUEUE_MS must be at least 0")
+        if 0 < self.reads_max_queue_ms <= self.reads_degrade_queue_ms:
+            raise ConfigError(
+                "MEMSVC_READS_DEGRADE_QUEUE_MS must be below MEMSVC_READS_MAX_QUEUE_MS "
+                "(a degraded answer comes before a refusal), or one of them 0"
+            )
         if not 0 <= self.reads_max_cpu_busy <= 1:
             raise ConfigError("MEMSVC_READS_MAX_CPU_BUSY must be in [0, 1]")
         if not 0 <= self.recall_answer_headroom <= 0.5:

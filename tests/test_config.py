@@ -121,6 +121,11 @@ def test_limits_without_a_variable_before_are_checked() -> None:
         Settings.from_env({"MEMSVC_MAX_ID_CHARS": "0"})
     with pytest.raises(ConfigError, match="MEMSVC_DEFAULT_WRITE_DEADLINE_MS"):
         Settings.from_env({"MEMSVC_DEFAULT_WRITE_DEADLINE_MS": "5"})
+    with pytest.raises(ConfigError, match="MEMSVC_READS_DEGRADE_QUEUE_MS: must be >= 0"):
+        Settings.from_env({"MEMSVC_READS_DEGRADE_QUEUE_MS": "-1"})
+    with pytest.raises(ConfigError, match="MEMSVC_READS_DEGRADE_QUEUE_MS must be below"):
+        Settings.from_env({"MEMSVC_READS_MAX_QUEUE_MS": "20"})
+    assert Settings.from_env({"MEMSVC_READS_MAX_QUEUE_MS": "0"}).reads_degrade_queue_ms == 20
 
 
 def test_secrets_never_in_repr() -> None:

@@ -116,6 +116,19 @@ def test_calls_that_died_in_the_queue_are_not_taken_for_waiting_ones() -> None:
     assert queue.waiting == 1 and queue.wait_s() == pytest.approx(0.02)
 
 
+def test_a_stopped_measure_reports_no_queue() -> None:
+    """Stopped (the server stops first), the last wait must not go on growing: Recall would
+    degrade and the gate refuse on it during a graceful stop."""
+    script = Scripted()
+    queue = watched(script)
+    script.arrived = 3
+    queue.sample()
+    script.now += 0.2
+    assert queue.wait_s() == pytest.approx(0.2)
+    queue.stop()
+    assert queue.wait_s() == 0.0 and queue.waiting == 0
+
+
 def test_nothing_is_read_until_a_server_is_watched() -> None:
     script = Scripted()
     queue = CoreQueue(clock=script.clock, read=script.read)
@@ -262,7 +275,10 @@ async def test_recall_answers_without_its_embedding_while_calls_queue_in_grpc(
     """The cheapest answer before a refusal: calls that queued behind a saturated loop are
     answered from the lexical leg alone (degraded, reason overload), none refused."""
     query = await seeded(caller)
-    srv, _channel = await start_server(reads_degrade_queue_ms=degrade_queue_ms)
+    # The refusal gate far off either way: the queue is sampled in both cases.
+    srv, _channel = await start_server(
+        reads_degrade_queue_ms=degrade_queue_ms, reads_max_queue_ms=10_000
+    )
     outcomes = await burst_behind_a_blocked_loop(srv.port, caller, query)
     assert all(o.startswith("OK") for o in outcomes), outcomes
     degraded = [o for o in outcomes if o != "OK"]

@@ -23,7 +23,8 @@ that; the sampling thread runs when either is on.
 The counters come from grpc's own channelz (``grpc._cython.cygrpc.channelz_get_server``,
 the call grpcio-channelz's servicer makes before turning the JSON into protobuf, which would
 double the cost of a read of ~0.2 ms taken every ``interval_s``). With channelz
-off (``grpc.enable_channelz`` 0), or a grpc without it, the wait reads 0 and the gate is off.
+off (``grpc.enable_channelz`` 0), or a grpc without it, the wait reads 0: Recall does not
+degrade and the gate does not refuse on it. ``memsvc_core_queue_wait_seconds`` shows it.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ import time
 from collections.abc import Callable
 
 from grpc._cython import cygrpc  # type: ignore[attr-defined]
+
+from memsvc.observability import metrics
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +77,7 @@ class CoreQueue:
     arrives), so the samples go on while the event loop is stalled, when calls queue the
     most; the loop only reads the latest. A call's arrival is known to the sampling
     interval: the wait reported is its lower bound (from the sample that first counted the
-    call), so the gate errs on admitting.
+    call), so the gate errs on admitting and Recall on embedding.
     """
 
     # Samples are kept this long: a call queued longer is reported at least this old.
@@ -105,8 +108,19 @@ class CoreQueue:
         self._thread: threading.Thread | None = None
 
     def watch(self, server_id: int) -> None:
-        """Measure the server with this channelz id (:func:`server_ids`)."""
+        """Measure the server with this channelz id (:func:`server_ids`), from its start."""
         self._server_id = server_id
+        self._taken = self._died = 0
+        self._forget()
+
+    def _forget(self) -> None:
+        """No queue known: what a stopped measure reports (a wait frozen at the last sample
+        would grow forever, and degrade or refuse reads on it during a graceful stop)."""
+        self._times.clear()
+        self._arrived.clear()
+        self._waiting = 0
+        self._oldest_at = None
+        metrics.CORE_QUEUE_WAIT.set(0.0)
 
     @property
     def watching(self) -> bool:
@@ -125,6 +139,7 @@ class CoreQueue:
         if self._thread is not None:
             self._thread.join(timeout=1.0)
             self._thread = None
+        self._forget()
 
     def entered(self) -> None:
         """A handler started (every method, health and reflection included)."""
@@ -152,6 +167,7 @@ class CoreQueue:
             before = self._arrived[-1] if self._arrived else -1
             if not self.sample():
                 return
+            metrics.CORE_QUEUE_WAIT.set(self.wait_s())
             idle = self._waiting == 0 and self._arrived[-1] == before
             interval = self._idle_interval_s if idle else self._interval_s
 
