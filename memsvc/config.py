@@ -302,9 +302,10 @@ class Settings:
         "(`degraded`, missing `embed` and `dense`) instead of late",
     )
     recall_answer_headroom: float = setting(
-        0.1,
+        0.25,
         "share of a Recall's budget its legs leave unused: a leg still running then is "
-        "stopped, so the answer has time to leave and reach the caller on a saturated machine",
+        "stopped, so the answer has time to leave and reach the caller on a saturated machine "
+        "(where a serving process can be off its core for tens of ms)",
     )
     recall_lexical_enough_below_ms: int = setting(
         400,

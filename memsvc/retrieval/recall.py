@@ -87,7 +87,7 @@ class RecallConfig:
     # Legs still running after all but this share of the budget are stopped: the answer then
     # has that long to be fused, framed and sent, and on a saturated machine to wait for a
     # core on its way out and in the caller's process.
-    answer_headroom: float = 0.1
+    answer_headroom: float = 0.25
     # Query routing: the route's effects on the ordering (off: reported, but neutral).
     routing: bool = True
     trust_policy: trust.TrustPolicy = field(default_factory=trust.TrustPolicy)
