@@ -130,31 +130,34 @@ async def erase_memories(
         )
     )
     # The conversation lines the memories were taken from (any owner's session, this tenant),
-    # and the context index of the lines around them. First in the user's own sessions (their
-    # shard alone on Citus); only lines still missing are looked for in sessions other users
-    # own (a meeting), which on Citus means every shard.
-    touched: list[tuple[Scope, str]] = []
+    # and the context index of the lines around them: one pass per session (a memory's
+    # versions, and facts from one turn, share their lines). First in the user's own
+    # sessions (their shard alone on Citus); only lines still missing are looked for in
+    # sessions other users own (a meeting), which on Citus means every shard.
+    sources: dict[str, set[str]] = {}
     for r in rows:
         if r["session_id"] and r["source_message_ids"]:
-            source_ids = list(r["source_message_ids"])
-            own = await messages.delete_returning_sessions(
+            sources.setdefault(r["session_id"], set()).update(r["source_message_ids"])
+    touched: list[tuple[Scope, str]] = []
+    for session_id, ids in sources.items():
+        source_ids = sorted(ids)
+        own = await messages.delete_returning_sessions(
+            conn,
+            "tenant_id = $1 AND user_id = $2 AND session_id = $3 AND message_id = ANY($4::text[])",
+            tenant,
+            user,
+            session_id,
+            source_ids,
+        )
+        touched += own
+        if len(own) < len(source_ids):
+            touched += await messages.delete_returning_sessions(
                 conn,
-                "tenant_id = $1 AND user_id = $2 AND session_id = $3"
-                " AND message_id = ANY($4::text[])",
+                "tenant_id = $1 AND session_id = $2 AND message_id = ANY($3::text[])",
                 tenant,
-                user,
-                r["session_id"],
+                session_id,
                 source_ids,
             )
-            touched += own
-            if len(own) < len(set(source_ids)):
-                touched += await messages.delete_returning_sessions(
-                    conn,
-                    "tenant_id = $1 AND session_id = $2 AND message_id = ANY($3::text[])",
-                    tenant,
-                    r["session_id"],
-                    source_ids,
-                )
     await messages.reindex_sessions(conn, touched)
     await _rewrite_episodes(conn, tenant, user, episodes, topic_of_predicate)
     await conn.execute(
