@@ -40,6 +40,27 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_ports(count: int) -> int:
+    """The first of ``count`` consecutive ports free now (``serve --processes N`` gives its
+    Nth process the metrics port + N - 1: one free port alone would leave the others to chance,
+    and an outgoing connection's ephemeral port once took one)."""
+    for _ in range(100):
+        first = free_port()
+        sockets: list[socket.socket] = []
+        try:
+            for port in range(first, first + count):
+                s = socket.socket()
+                sockets.append(s)
+                s.bind(("127.0.0.1", port))
+            return first
+        except OSError:
+            continue
+        finally:
+            for s in sockets:
+                s.close()
+    raise RuntimeError(f"no {count} consecutive free ports found")
+
+
 @dataclass(frozen=True)
 class Target:
     """A running memsvc (separate process) and the servers behind it."""
@@ -273,6 +294,9 @@ class Phase:
             "refusals": dict(self.refusals.most_common()),
             # In call order (= scheduled time): stalls show up as runs of slow calls.
             "latencies_ms": [round(float(x), 1) for x in ms],
+            # Beside each latency, what the call got (a stall's misses: refused, late or
+            # DEADLINE_EXCEEDED).
+            "call_outcomes": list(self.outcomes),
         }
 
 

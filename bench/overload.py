@@ -44,7 +44,7 @@ from bench.harness import (
     Call,
     Phase,
     Target,
-    free_port,
+    free_ports,
     result_paths,
     served_stack,
     write_result,
@@ -271,7 +271,7 @@ def main() -> None:
     parser.add_argument("--server-env", action="append", default=[], metavar="MEMSVC_X=value")
     args = parser.parse_args()
 
-    metrics_port = free_port()
+    metrics_port = free_ports(args.processes)
     server_env = {
         "MEMSVC_RUN_WORKERS": "true" if args.workers else "false",
         "MEMSVC_METRICS_PORT": str(metrics_port),
