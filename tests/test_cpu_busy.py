@@ -8,6 +8,7 @@ the machine is busy; the suite's own load never does.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import namedtuple
 from collections.abc import Iterator
 
@@ -58,32 +59,63 @@ def test_busy_is_the_share_not_idle_over_the_window() -> None:
     assert busy.busy == pytest.approx(0.0) and busy.samples == 5
 
 
+def _fill(limit: InFlightLimit, reads: int) -> None:
+    """Hold ``reads`` slots at once (each admitted), then free them."""
+    with contextlib.ExitStack() as held:
+        for _ in range(reads):
+            held.enter_context(limit.slot())
+
+
 def test_a_saturated_machine_shrinks_the_read_cap_and_it_grows_back() -> None:
     cpu = ScriptedCpu(1.0)
     busy = CpuBusy(read=cpu, window=1)
     busy.sample()
     limit = InFlightLimit(32, cpu=busy, max_cpu_busy=0.9)
-    assert limit.cap == 32
+    assert limit.cap == InFlightLimit.START_CAP
     for _ in range(30):  # every measurement saturated: multiplicative decrease to the floor
         busy.sample()
-        assert limit.cap < 32
+        assert limit.cap < InFlightLimit.START_CAP
     assert limit.cap == InFlightLimit.MIN_CAP
-    with (
-        limit.slot(),
-        limit.slot(),
-        pytest.raises(ResourceExhausted, match="saturated") as refused,
-        limit.slot(),
-    ):
-        pass
+    with contextlib.ExitStack() as held:
+        for _ in range(InFlightLimit.MIN_CAP):
+            held.enter_context(limit.slot())
+        with pytest.raises(ResourceExhausted, match="saturated") as refused:
+            held.enter_context(limit.slot())
     assert refused.value.retry_after_s is not None
     cpu.busy = 0.5
-    for _ in range(5):  # additive increase, one read per measurement
+    for step in range(1, 6):  # additive increase while reads fill the cap
         busy.sample()
-    assert limit.cap == InFlightLimit.MIN_CAP + 5
-    with limit.slot(), limit.slot(), limit.slot():
-        pass  # admitted again
+        _fill(limit, limit.cap)
+        assert limit.cap == InFlightLimit.MIN_CAP + step
     # No new measurement, no change: the cap moves once per measurement, not per call.
+    _fill(limit, limit.cap)
     assert limit.cap == limit.cap == InFlightLimit.MIN_CAP + 5
+
+
+def test_a_cap_no_read_reached_does_not_grow() -> None:
+    """Spare CPU says nothing about more reads at once unless reads were held back by the
+    cap: after a quiet spell a burst meets the cap the last busy spell left."""
+    cpu = ScriptedCpu(0.1)
+    busy = CpuBusy(read=cpu, window=1)
+    busy.sample()
+    limit = InFlightLimit(32, cpu=busy, max_cpu_busy=0.9)
+    for _ in range(20):  # an idle machine, a read at a time
+        busy.sample()
+        _fill(limit, 1)
+    assert limit.cap == InFlightLimit.START_CAP
+    # One measurement later, the reads that reached the cap count once, not per sample.
+    _fill(limit, limit.cap)
+    for _ in range(10):
+        busy.sample()
+    assert limit.cap == InFlightLimit.START_CAP + 1
+    # A refusal at the cap counts as reaching it.
+    with contextlib.ExitStack() as held:
+        for _ in range(limit.cap):
+            held.enter_context(limit.slot())
+        with pytest.raises(ResourceExhausted, match="saturated"):
+            held.enter_context(limit.slot())
+    busy.sample()
+    assert limit.cap == InFlightLimit.START_CAP + 2
 
 
 def test_the_gate_off_never_shrinks_the_cap() -> None:
