@@ -196,9 +196,9 @@ class ObservingInterceptor(_ServerInterceptor):
                 if isinstance(request, Unreadable):
                     await status.abort(context, InvalidArgument(request.message))
                 response = await behavior(request, context)
-                if context.done():
-                    # The caller is gone (its deadline passed, or it cancelled): sending
-                    # would only make grpc log an ExecuteBatchError.
+                if status.caller_gone(context):
+                    # Its deadline passed, or it cancelled: sending would only make grpc log
+                    # an ExecuteBatchError.
                     raise asyncio.CancelledError
             except BaseException as exc:
                 call.finish(final_code(exc, context))

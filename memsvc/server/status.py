@@ -39,10 +39,21 @@ def retry_trailers(code: grpc.StatusCode, message: str, retry_after_s: float) ->
     )
 
 
+def caller_gone(context: grpc.aio.ServicerContext[object, object]) -> bool:
+    """The call has ended (cancelled, answered) or its deadline has passed: an answer now
+    reaches nobody. grpc's core ends a call at its deadline by itself, and a status sent on it
+    then fails in the core, which grpc logs as an ERROR with a traceback (ExecuteBatchError)
+    unless the loop already took the news of the end; on a saturated loop it has not."""
+    if context.done():
+        return True
+    remaining = context.time_remaining()
+    return remaining is not None and remaining <= 0
+
+
 async def abort(context: grpc.aio.ServicerContext[object, object], error: MemsvcError) -> NoReturn:
     """End the call with ``error``, keeping trailers already set (the request id)."""
-    if context.done():
-        # The caller is gone: there is nobody to answer (and grpc would log the attempt).
+    if caller_gone(context):
+        # There is nobody to answer (and grpc would log the attempt).
         raise asyncio.CancelledError
     if error.retry_after_s is None:
         await context.abort(error.code, error.message)
