@@ -51,6 +51,11 @@ class ResourceExhausted(MemsvcError):
         self.retry_after_s = retry_after_s
 
 
+class Overloaded(ResourceExhausted):
+    """The server sheds load (a read refused at once): counted and summarized in the log
+    (observability/shed_log.py), not logged per call."""
+
+
 class OutOfRange(MemsvcError):
     """A position or offset past what is kept (e.g. a change stream resumed too late)."""
 

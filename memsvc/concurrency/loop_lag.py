@@ -15,8 +15,8 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
-from memsvc.errors import ResourceExhausted
-from memsvc.observability import metrics
+from memsvc.errors import Overloaded
+from memsvc.observability import shed_log
 
 RETRY_AFTER_S = 0.1
 
@@ -56,12 +56,10 @@ class LoopLag:
         self._schedule()
 
     def admit_read(self, max_lag_s: float) -> None:
-        """ResourceExhausted (retryable, with a hint) while the loop lags more than
+        """Overloaded (RESOURCE_EXHAUSTED, retryable, with a hint) while the loop lags more than
         ``max_lag_s``; 0 disables the gate."""
         lag_s = self.lag_s
         if max_lag_s and lag_s > max_lag_s:
-            metrics.READS_SHED.inc()
-            raise ResourceExhausted(
-                f"this server is overloaded (event loop {lag_s * 1000:.0f} ms late); retry shortly",
-                retry_after_s=RETRY_AFTER_S,
-            )
+            why = f"this server is overloaded (event loop {lag_s * 1000:.0f} ms late)"
+            shed_log.shed(why)
+            raise Overloaded(f"{why}; retry shortly", retry_after_s=RETRY_AFTER_S)

@@ -19,8 +19,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from memsvc.concurrency.cpu_busy import CpuBusy
-from memsvc.errors import ResourceExhausted
-from memsvc.observability import metrics
+from memsvc.errors import Overloaded, ResourceExhausted
+from memsvc.observability import metrics, shed_log
 from memsvc.server.core_queue import CoreQueue
 
 # Retry hint when a cap on calls in flight is reached: a slot frees as soon as one of those
@@ -212,10 +212,10 @@ class InFlightLimit:
         self._ahead += alpha * (ahead - self._ahead)
 
 
-def _shed(why: str) -> ResourceExhausted:
-    """A read refused at once (counted), with the retry hint."""
-    metrics.READS_SHED.inc()
-    return ResourceExhausted(f"{why}; retry shortly", retry_after_s=IN_FLIGHT_RETRY_AFTER_S)
+def _shed(why: str) -> Overloaded:
+    """A read refused at once (counted, summarized in the log), with the retry hint."""
+    shed_log.shed(why)
+    return Overloaded(f"{why}; retry shortly", retry_after_s=IN_FLIGHT_RETRY_AFTER_S)
 
 
 @dataclass(frozen=True)

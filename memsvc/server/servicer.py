@@ -18,6 +18,7 @@ from memsvc.errors import (
     DeadlineExceeded,
     InvalidArgument,
     MemsvcError,
+    Overloaded,
     Unavailable,
     Unimplemented,
 )
@@ -93,7 +94,9 @@ def answer_for(rpc: str, exc: Exception) -> MemsvcError:
     else:
         log.exception("%s failed unexpectedly", rpc)
         error = MemsvcError(f"{rpc} failed: internal error ({type(exc).__name__})")
-    if error.code not in _CALLER_ERRORS:
+    # Shed load is counted and summarized (observability/shed_log.py): a line per refusal
+    # would flood the log when the server is saturated.
+    if error.code not in _CALLER_ERRORS and not isinstance(error, Overloaded):
         log.info("%s answered %s", rpc, error.code.name)
     return error
 
