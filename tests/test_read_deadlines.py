@@ -25,6 +25,7 @@ from memsvc.retrieval.lexical import lexical_sql
 from memsvc.retrieval.query import DEFAULT_KINDS
 from memsvc.storage.pool import acquire
 from memsvc.v1 import memory_pb2 as pb
+from memsvc.v1 import memory_pb2_grpc
 from tests.conftest import Caller
 from tests.read_helpers import StartServer, pscope, stub_for
 from tests.read_helpers import start_server as start_server  # fixture
@@ -234,7 +235,34 @@ async def test_overload_is_shed_with_resource_exhausted(
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await s.Recall(pb.RecallRequest(scope=pscope(), query=query), timeout=1.0)
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    # Refused on arrival, before anything of the call is checked: a bad key or request
+    # would be thrown-away work for a saturated loop (the caller learns once it retries).
+    bare = memory_pb2_grpc.MemoryServiceStub(channel)
+    for request, metadata in (
+        (pb.RecallRequest(scope=pscope(), query=query), (("x-api-key", "not-a-key"),)),
+        (pb.RecallRequest(scope=pscope(), query=""), (("x-api-key", caller.key),)),
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await bare.Recall(request, metadata=metadata, timeout=1.0)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, refused.value
+        assert "more than 1 reads in flight" in (refused.value.details() or "")
     assert (await first).degraded
+    # With room again, the same calls get their own answers.
+    for request, metadata, code in (
+        (
+            pb.RecallRequest(scope=pscope(), query=query),
+            (("x-api-key", "not-a-key"),),
+            grpc.StatusCode.UNAUTHENTICATED,
+        ),
+        (
+            pb.RecallRequest(scope=pscope(), query=""),
+            (("x-api-key", caller.key),),
+            grpc.StatusCode.INVALID_ARGUMENT,
+        ),
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as answered:
+            await bare.Recall(request, metadata=metadata, timeout=1.0)
+        assert answered.value.code() == code, answered.value
 
 
 async def test_a_leg_cancelled_on_a_spent_budget_keeps_its_connection_and_nothing_leaks(

@@ -152,36 +152,48 @@ class InFlightLimit:
         n = self._in_flight if ahead is None else ahead
         return self._latency_s * (n + 1) / (self._ahead + 1)
 
-    @contextmanager
-    def slot(
-        self, budget_s: float | None = None, *, floor_s: float | None = None
-    ) -> Iterator[None]:
-        """Hold a slot for the block; ResourceExhausted at once when the cap is reached, or
-        when a read admitted now would not finish within ``queue_share`` of ``budget_s``.
-
-        ``floor_s``: a read that degrades by itself (Recall answers from its lexical leg
-        alone when the embedder is busy) says how long its cheapest answer takes now; it is
-        refused only when that does not fit, instead of by the queue model, which counts the
-        reads waiting for the embedder as if each had to be waited for."""
+    def refusal(self) -> Overloaded | None:
+        """The gates that need nothing of the call (the queue in front of the handlers, the
+        fixed limit, the machine's cap): the error to refuse a read arriving now with, or
+        None. The servicer asks before it authenticates or validates anything, so a refusal
+        costs the saturated loop least; :meth:`slot` asks again."""
         if self._core_queue is not None:
             waited_s = self._core_queue.wait_s()
             if waited_s > self._max_queue_s:
-                raise _shed(
+                return _shed(
                     f"this server is saturated: calls wait {waited_s * 1000:.0f} ms in its "
                     f"queue before a handler takes them ({self._core_queue.waiting} waiting)"
                 )
         ahead = self._in_flight
         if ahead >= self._limit:
-            raise _shed(f"more than {self._limit} reads in flight on this server")
+            return _shed(f"more than {self._limit} reads in flight on this server")
         cap = self.cap
         if ahead + 1 >= cap:
             self._cap_reached = True  # this read fills the cap, or finds it full
         if ahead >= cap:
             busy = self._cpu.busy if self._cpu is not None else 0.0
-            raise _shed(
+            return _shed(
                 f"this machine's CPUs are saturated ({busy:.0%} busy): this server takes "
                 f"{cap} reads at a time until they are not"
             )
+        return None
+
+    @contextmanager
+    def slot(
+        self, budget_s: float | None = None, *, floor_s: float | None = None
+    ) -> Iterator[None]:
+        """Hold a slot for the block; ResourceExhausted at once when :meth:`refusal` says
+        so, or when a read admitted now would not finish within ``queue_share`` of
+        ``budget_s``.
+
+        ``floor_s``: a read that degrades by itself (Recall answers from its lexical leg
+        alone when the embedder is busy) says how long its cheapest answer takes now; it is
+        refused only when that does not fit, instead of by the queue model, which counts the
+        reads waiting for the embedder as if each had to be waited for."""
+        refused = self.refusal()
+        if refused is not None:
+            raise refused
+        ahead = self._in_flight
         if budget_s is not None and floor_s is not None:
             if floor_s > self._queue_share * budget_s:
                 raise _shed(

@@ -392,6 +392,12 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             with self._reads.slot(budget.remaining(), floor_s=floor_s):
                 return await serve(query, budget)
 
+        # Refused on arrival while the server is saturated, before authentication and
+        # validation: that work would be thrown away, and the loop has no time for it (a
+        # caller with a bad key or request learns so once the server has room again).
+        refused = self._reads.refusal()
+        if refused is not None:
+            await status.abort(context, refused)
         return await self._run(
             context,
             rpc,
