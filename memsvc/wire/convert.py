@@ -6,7 +6,7 @@ contract's PrefetchResponse itself.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -24,10 +24,28 @@ _RETENTION = {
 }
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _seconds_nanos(value: datetime) -> tuple[int, int]:
+    # Timestamp.FromDatetime does this in pure Python through a time tuple and calendar.timegm
+    # at ~1.5 us, 3x this; a Recall answer carries 30-50 timestamps, and a saturated server
+    # answers hundreds a second. Same result (a naive datetime is UTC, as FromDatetime takes it;
+    # timedelta keeps seconds and microseconds non-negative, as Timestamp's nanos are).
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    delta = value - _EPOCH
+    return delta.days * 86_400 + delta.seconds, delta.microseconds * 1_000
+
+
 def timestamp(value: datetime) -> Timestamp:
-    ts = Timestamp()
-    ts.FromDatetime(value)
-    return ts
+    seconds, nanos = _seconds_nanos(value)
+    return Timestamp(seconds=seconds, nanos=nanos)
+
+
+def _set_time(field: Timestamp, value: datetime) -> None:
+    """Fill a message's Timestamp field in place (no message built and copied in)."""
+    field.seconds, field.nanos = _seconds_nanos(value)
 
 
 def scope(value: Scope) -> pb.Scope:
@@ -62,10 +80,10 @@ def memory(record: MemoryRecord) -> pb.Memory:
         correction_reason=record.correction_reason,
     )
     if record.invalid_at is not None:
-        msg.invalid_at.CopyFrom(timestamp(record.invalid_at))
+        _set_time(msg.invalid_at, record.invalid_at)
     msg.retention_policy = _RETENTION.get(record.retention_policy, pb.RETENTION_POLICY_UNSPECIFIED)
     if record.expires_at is not None:
-        msg.expires_at.CopyFrom(timestamp(record.expires_at))
+        _set_time(msg.expires_at, record.expires_at)
     _trust_fields(msg, record)
     return msg
 
@@ -75,14 +93,14 @@ def _trust_fields(msg: pb.Memory, record: MemoryRecord) -> None:
     msg.effective_confidence = (
         record.confidence if record.effective_confidence is None else record.effective_confidence
     )
-    for name, value in (
-        ("last_reinforced_at", record.last_reinforced_at),
-        ("last_referenced_at", record.last_referenced_at),
-        ("demoted_at", record.demoted_at),
-        ("updated_at", record.updated_at),
-    ):
-        if value is not None:
-            getattr(msg, name).CopyFrom(timestamp(value))
+    if record.last_reinforced_at is not None:
+        _set_time(msg.last_reinforced_at, record.last_reinforced_at)
+    if record.last_referenced_at is not None:
+        _set_time(msg.last_referenced_at, record.last_referenced_at)
+    if record.demoted_at is not None:
+        _set_time(msg.demoted_at, record.demoted_at)
+    if record.updated_at is not None:
+        _set_time(msg.updated_at, record.updated_at)
 
 
 def memory_edit(edit: MemoryEdit) -> pb.MemoryEdit:
