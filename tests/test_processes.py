@@ -128,21 +128,24 @@ def test_processes_share_one_port_restart_and_stop_together(
 ) -> None:
     port, metrics_port = free_port(), free_port()
     proc = start_serve(backing_urls, port, metrics_port, 2)
+    servers_seen: list[int] = []
     try:
         wait_serving(port, proc)
         deadline = time.monotonic() + 60
         while len(serving_children(proc.pid)) < 2 and time.monotonic() < deadline:
             time.sleep(0.2)
         servers = serving_children(proc.pid)
+        servers_seen.extend(servers)
         assert len(servers) == 2, servers
         # Both must be ready (each child's metrics port answers once it serves).
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                recalls_handled(metrics_port + 1)
-                break
-            except OSError:
-                time.sleep(0.2)
+        for child_metrics in (metrics_port, metrics_port + 1):
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                try:
+                    recalls_handled(child_metrics)
+                    break
+                except OSError:
+                    time.sleep(0.2)
         recall_over_connections(port, 24)
         per_child = [recalls_handled(metrics_port), recalls_handled(metrics_port + 1)]
         assert sum(per_child) == 24
@@ -164,6 +167,7 @@ def test_processes_share_one_port_restart_and_stop_together(
                 break
             time.sleep(0.2)
         replaced = serving_children(proc.pid)
+        servers_seen.extend(replaced)
         assert len(replaced) == 2 and servers[1] not in replaced, replaced
         wait_serving(port, proc)
         recall_over_connections(port, 4)
@@ -178,6 +182,31 @@ def test_processes_share_one_port_restart_and_stop_together(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        # Children of a parent killed outright stop by themselves (a failed run once left
+        # two serving on, with workers, taking the next tests' jobs).
+        deadline = time.monotonic() + 30
+        while any(pid_alive(pid) for pid in servers_seen) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(pid_alive(pid) for pid in servers_seen), servers_seen
+
+
+def test_children_stop_when_their_parent_is_killed(backing_urls: tuple[str, str]) -> None:
+    port = free_port()
+    proc = start_serve(backing_urls, port, free_port(), 2)
+    try:
+        wait_serving(port, proc)
+        deadline = time.monotonic() + 60
+        while len(serving_children(proc.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        children = serving_children(proc.pid)
+        assert len(children) == 2, children
+    finally:
+        proc.kill()  # SIGKILL: the parent cannot stop anyone
+        proc.communicate()
+    deadline = time.monotonic() + 30
+    while any(pid_alive(pid) for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(pid_alive(pid) for pid in children), children
 
 
 def test_a_child_that_cannot_start_stops_the_parent(

@@ -27,7 +27,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
+import multiprocessing.connection
 import multiprocessing.synchronize
+import os
 import signal
 import threading
 import time
@@ -80,12 +82,29 @@ def child_settings(settings: Settings, index: int, port: int) -> Settings:
     )
 
 
+def _stop_with_the_parent() -> None:
+    """SIGTERM to this child (a graceful stop) when its parent is gone: a parent killed
+    outright (SIGKILL, the OOM killer) cannot stop its children, which would otherwise serve
+    on, and run the workers, with nobody supervising them. multiprocessing's sentinel of the
+    parent becomes ready when it exits."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        multiprocessing.connection.wait([parent.sentinel])
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="memsvc-parent-watch", daemon=True).start()
+
+
 def _child_main(spec: ChildSpec, ready: multiprocessing.synchronize.Event) -> None:
     """A child's whole life (a fresh interpreter): serve until SIGTERM."""
     log_format.configure(spec.log_level, spec.settings.log_format)
     # The parent answers Ctrl-C for everyone: a terminal's SIGINT reaches the whole process
     # group, and the children must drain once, when the parent says so.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _stop_with_the_parent()
     server = MemsvcServer(
         spec.settings,
         reuse_port=True,
