@@ -123,6 +123,23 @@ def test_child_settings_put_the_background_work_in_the_first_child() -> None:
     assert child_settings(Settings(processes=2, metrics_port=0), 1, 1).metrics_port == 0
 
 
+def two_serving_children(port: int, proc: subprocess.Popen[bytes]) -> list[int]:
+    """The parent's serving children once it serves and both are up (at most 60 s)."""
+    wait_serving(port, proc)
+    deadline = time.monotonic() + 60
+    while len(serving_children(proc.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return serving_children(proc.pid)
+
+
+def all_gone(pids: list[int], timeout_s: float = 30) -> bool:
+    """Whether every process of ``pids`` has exited within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while any(pid_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return not any(pid_alive(pid) for pid in pids)
+
+
 def test_processes_share_one_port_restart_and_stop_together(
     backing_urls: tuple[str, str],
 ) -> None:
@@ -130,11 +147,7 @@ def test_processes_share_one_port_restart_and_stop_together(
     proc = start_serve(backing_urls, port, metrics_port, 2)
     servers_seen: list[int] = []
     try:
-        wait_serving(port, proc)
-        deadline = time.monotonic() + 60
-        while len(serving_children(proc.pid)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        servers = serving_children(proc.pid)
+        servers = two_serving_children(port, proc)
         servers_seen.extend(servers)
         assert len(servers) == 2, servers
         # Both must be ready (each child's metrics port answers once it serves).
@@ -184,29 +197,19 @@ def test_processes_share_one_port_restart_and_stop_together(
             proc.wait()
         # Children of a parent killed outright stop by themselves (a failed run once left
         # two serving on, with workers, taking the next tests' jobs).
-        deadline = time.monotonic() + 30
-        while any(pid_alive(pid) for pid in servers_seen) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not any(pid_alive(pid) for pid in servers_seen), servers_seen
+        assert all_gone(servers_seen), servers_seen
 
 
 def test_children_stop_when_their_parent_is_killed(backing_urls: tuple[str, str]) -> None:
     port = free_port()
     proc = start_serve(backing_urls, port, free_port(), 2)
     try:
-        wait_serving(port, proc)
-        deadline = time.monotonic() + 60
-        while len(serving_children(proc.pid)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        children = serving_children(proc.pid)
+        children = two_serving_children(port, proc)
         assert len(children) == 2, children
     finally:
         proc.kill()  # SIGKILL: the parent cannot stop anyone
         proc.communicate()
-    deadline = time.monotonic() + 30
-    while any(pid_alive(pid) for pid in children) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not any(pid_alive(pid) for pid in children), children
+    assert all_gone(children), children
 
 
 def test_a_child_that_cannot_start_stops_the_parent(
