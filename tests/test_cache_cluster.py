@@ -308,8 +308,11 @@ async def test_concurrent_misses_are_all_stored_through_the_cluster(
             from_redis.append(str(caller_file))
         real_start(thread)
 
+    # What is checked is that each packet is stored and that no thread starts, not the 50 ms
+    # bound: 27 builds at once on a busy 2-core CI machine can keep one cache operation past
+    # it (then BYPASSED, not stored) with no thread at all. The bound is measured in bench/.
     srv, channel = await start_server(
-        redis_url=cluster.url, prefetch_warm=True, reads_max_loop_lag_ms=0
+        redis_url=cluster.url, prefetch_warm=True, reads_max_loop_lag_ms=0, redis_timeout_ms=2000
     )
     own = stub_for(channel, caller)
     warmer = srv.runtime.warmer

@@ -9,6 +9,7 @@ import asyncio
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -110,3 +111,40 @@ async def test_a_deadline_shorter_than_the_redis_timeout_is_skipped_not_bypassed
         await admin.aclose()
     # Redis was never down, so the cache was not paused: the next call is a hit at once.
     assert (await own.Prefetch(request, timeout=2)).cache == HIT
+
+
+async def test_a_timeout_the_serving_loop_caused_pauses_nothing(
+    caller: Caller, valkey: EmbeddedValkey, start_server: StartServer
+) -> None:
+    # The loop busy elsewhere for 80 ms (a burst of packet builds on a saturated machine) keeps
+    # a cache operation from being sent within its 50 ms: that call says BYPASSED, and Redis,
+    # fine all along, is not paused for the others. Redis itself silent that long still is.
+    srv, channel = await start_server(
+        redis_url=valkey.url, redis_timeout_ms=50, cache_retry_after_ms=60_000
+    )
+    own = stub_for(channel, caller)
+    request = pb.PrefetchRequest(scope=pscope(), session_id="s")
+    await remember(caller, "Prefers window seats")
+    assert (await own.Prefetch(request, timeout=2)).cache == MISS
+
+    redis = srv.runtime.redis
+    real_run = redis.run
+
+    async def run_behind_a_stall(op: Any, *, timeout_s: float) -> Any:
+        asyncio.get_running_loop().call_soon(time.sleep, 0.08)  # runs before op's first step
+        return await real_run(op, timeout_s=timeout_s)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(redis, "run", run_behind_a_stall)
+        stalled = await own.Prefetch(request, timeout=2)
+    assert stalled.cache == BYPASSED and "window seats" in stalled.text
+    assert (await own.Prefetch(request, timeout=2)).cache == HIT
+
+    admin = aioredis.Redis.from_url(valkey.url)
+    try:
+        await admin.execute_command("CLIENT", "PAUSE", 300, "ALL")
+        assert (await own.Prefetch(request, timeout=2)).cache == BYPASSED
+        await admin.execute_command("CLIENT", "UNPAUSE")  # held until the pause ends
+    finally:
+        await admin.aclose()
+    assert (await own.Prefetch(request, timeout=2)).cache == BYPASSED  # paused for a minute

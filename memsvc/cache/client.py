@@ -53,6 +53,18 @@ T = TypeVar("T")
 
 MAX_CONNECTIONS_PER_NODE = 10_000
 
+#: How late the event loop may keep an operation before a timeout is the loop's, not Redis's.
+LOOP_SLACK_S = 0.01
+
+
+class LoopStalled(TimeoutError):
+    """The operation ran out of time because this process's event loop was busy elsewhere
+    (more than LOOP_SLACK_S before its first step and past its bound): a saturated or blocked
+    loop, which says nothing about Redis. Under load a burst of packet builds kept cache
+    operations from even being sent for 50 ms, and each such timeout paused the cache for
+    every call (BYPASSED for a second)."""
+
+
 #: What cache operations receive: either client has every command the cache uses.
 Redis = aioredis.Redis | RedisCluster
 
@@ -135,8 +147,12 @@ class CacheClient:
 
     async def run(self, op: Callable[[Redis], Awaitable[T]], *, timeout_s: float) -> T:
         """``op`` on the client, within ``timeout_s``: TimeoutError when it does not answer in
-        time (the operation is then abandoned, not awaited); its own errors otherwise."""
-        task = asyncio.ensure_future(self._call(op))
+        time (the operation is then abandoned, not awaited), LoopStalled when this process's
+        event loop, not Redis, used up the time; its own errors otherwise."""
+        loop = asyncio.get_running_loop()
+        asked = loop.time()
+        started: list[float] = []
+        task = asyncio.ensure_future(self._call(op, started))
         try:
             done, _ = await asyncio.wait({task}, timeout=max(timeout_s, 0.0))
         except asyncio.CancelledError:
@@ -144,6 +160,12 @@ class CacheClient:
             raise
         if not done:
             self._abandon(task)
+            now = loop.time()
+            # Time the loop kept the operation waiting: before its first step (the command
+            # not even sent), and past the bound (a reply may sit unread in the socket).
+            late = (started[0] if started else now) - asked + max(0.0, now - asked - timeout_s)
+            if late > LOOP_SLACK_S:
+                raise LoopStalled(f"the event loop was {late * 1000:.0f} ms late")
             raise TimeoutError
         return task.result()
 
@@ -166,7 +188,8 @@ class CacheClient:
             return node.name if node is not None else ""
         return ""
 
-    async def _call(self, op: Callable[[Redis], Awaitable[T]]) -> T:
+    async def _call(self, op: Callable[[Redis], Awaitable[T]], started: list[float]) -> T:
+        started.append(asyncio.get_running_loop().time())
         return await op(await self.client())
 
     async def client(self) -> Redis:

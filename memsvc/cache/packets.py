@@ -19,7 +19,7 @@ import time
 
 from redis.exceptions import RedisError
 
-from memsvc.cache.client import CacheClient, Redis
+from memsvc.cache.client import CacheClient, LoopStalled, Redis
 from memsvc.cache.keys import hash_tag
 
 log = logging.getLogger(__name__)
@@ -73,10 +73,13 @@ class PacketCache:
             raise CacheUnavailable("cache paused after a recent failure")
 
     def _timed_out(self, exc: TimeoutError, budget_s: float, shard: str) -> CacheUnavailable:
-        # A call whose deadline was nearly spent says nothing about Redis: pausing the cache
-        # for every other call (and calling it down) would be wrong.
+        # A call whose deadline was nearly spent, or whose operation this process's own loop
+        # kept waiting, says nothing about Redis: pausing the cache for every other call (and
+        # calling it down) would be wrong.
         if budget_s < self._timeout_s:
             return CacheDeadline("the call's deadline ran out before Redis answered")
+        if isinstance(exc, LoopStalled):
+            return CacheUnavailable(str(exc))  # this call only: Redis is not paused
         return self._failed(exc, shard)
 
     def _failed(self, exc: BaseException, shard: str) -> CacheUnavailable:

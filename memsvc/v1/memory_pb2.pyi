@@ -105,7 +105,8 @@ class _CacheStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_CacheStat
     CACHE_STATUS_BYPASSED: _CacheStatus.ValueType  # 3
     """Redis down or slow (it failed, or did not answer within MEMSVC_REDIS_TIMEOUT_MS, or is
     paused after such a failure): built from PostgreSQL, not stored (the answer is still
-    complete).
+    complete). A timeout spent waiting on this server's own busy event loop rather than on
+    Redis says BYPASSED for that call only and pauses nothing.
     """
     CACHE_STATUS_SKIPPED: _CacheStatus.ValueType  # 4
     """Not consulted, or not written: this call's own deadline ran out before Redis answered
@@ -125,7 +126,8 @@ CACHE_STATUS_MISS: CacheStatus.ValueType  # 2
 CACHE_STATUS_BYPASSED: CacheStatus.ValueType  # 3
 """Redis down or slow (it failed, or did not answer within MEMSVC_REDIS_TIMEOUT_MS, or is
 paused after such a failure): built from PostgreSQL, not stored (the answer is still
-complete).
+complete). A timeout spent waiting on this server's own busy event loop rather than on
+Redis says BYPASSED for that call only and pauses nothing.
 """
 CACHE_STATUS_SKIPPED: CacheStatus.ValueType  # 4
 """Not consulted, or not written: this call's own deadline ran out before Redis answered
