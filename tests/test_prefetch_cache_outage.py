@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,30 @@ def valkey(tmp_path: Path) -> Iterator[EmbeddedValkey]:
         yield server
     finally:
         server.stop()
+
+
+async def built_once(
+    start_server: StartServer, caller: Caller, request: pb.PrefetchRequest, **settings: Any
+) -> tuple[Any, Any]:
+    """A memsvc with ``settings``, the caller's stub, and ``request``'s packet built once."""
+    srv, channel = await start_server(**settings)
+    own = stub_for(channel, caller)
+    await remember(caller, "Prefers window seats")
+    assert (await own.Prefetch(request, timeout=2)).cache == MISS
+    return srv, own
+
+
+@asynccontextmanager
+async def redis_paused(valkey: EmbeddedValkey, ms: int) -> AsyncIterator[None]:
+    """Every client of ``valkey`` held for ``ms`` (CLIENT PAUSE): a Redis that answers late.
+    Leaving waits until the pause ends (UNPAUSE is itself held)."""
+    admin = aioredis.Redis.from_url(valkey.url)
+    try:
+        await admin.execute_command("CLIENT", "PAUSE", ms, "ALL")
+        yield
+        await admin.execute_command("CLIENT", "UNPAUSE")
+    finally:
+        await admin.aclose()
 
 
 async def test_redis_killed_mid_test(
@@ -68,22 +93,15 @@ async def test_redis_killed_mid_test(
 async def test_slow_redis_is_bypassed_within_the_deadline(
     caller: Caller, valkey: EmbeddedValkey, start_server: StartServer
 ) -> None:
-    _srv, channel = await start_server(redis_url=valkey.url, redis_timeout_ms=50)
-    own = stub_for(channel, caller)
     request = pb.PrefetchRequest(scope=pscope(), hint="travel")
-    await remember(caller, "Prefers window seats")
-    assert (await own.Prefetch(request, timeout=2)).cache == MISS
-
-    admin = aioredis.Redis.from_url(valkey.url)
-    try:
-        await admin.execute_command("CLIENT", "PAUSE", 3000, "ALL")
+    _srv, own = await built_once(
+        start_server, caller, request, redis_url=valkey.url, redis_timeout_ms=50
+    )
+    async with redis_paused(valkey, 3000):
         started = time.monotonic()
         slow = await own.Prefetch(request, timeout=0.5)
         assert time.monotonic() - started < 0.5 + 1.0  # generous: a shared 2-core box
         assert slow.cache == BYPASSED and "window seats" in slow.text
-    finally:
-        await admin.execute_command("CLIENT", "UNPAUSE")
-        await admin.aclose()
 
 
 async def test_a_deadline_shorter_than_the_redis_timeout_is_skipped_not_bypassed(
@@ -91,24 +109,18 @@ async def test_a_deadline_shorter_than_the_redis_timeout_is_skipped_not_bypassed
 ) -> None:
     # Redis may take 5 s, and a failure would pause the cache for a minute: a call whose own
     # 0.5 s deadline runs out first says nothing about Redis.
-    _srv, channel = await start_server(
-        redis_url=valkey.url, redis_timeout_ms=5000, cache_retry_after_ms=60_000
-    )
-    own = stub_for(channel, caller)
     request = pb.PrefetchRequest(scope=pscope(), session_id="s")
-    await remember(caller, "Prefers window seats")
-    assert (await own.Prefetch(request, timeout=2)).cache == MISS
+    _srv, own = await built_once(
+        start_server,
+        caller,
+        request,
+        redis_url=valkey.url,
+        redis_timeout_ms=5000,
+        cache_retry_after_ms=60_000,
+    )
     assert (await own.Prefetch(request, timeout=2)).cache == HIT
-
-    admin = aioredis.Redis.from_url(valkey.url)
-    try:
-        await admin.execute_command("CLIENT", "PAUSE", 1500, "ALL")
-        cut = await own.Prefetch(request, timeout=0.5)
-        assert cut.cache == SKIPPED
-        # UNPAUSE is itself held until the pause ends: this returns when Redis answers again.
-        await admin.execute_command("CLIENT", "UNPAUSE")
-    finally:
-        await admin.aclose()
+    async with redis_paused(valkey, 1500):
+        assert (await own.Prefetch(request, timeout=0.5)).cache == SKIPPED
     # Redis was never down, so the cache was not paused: the next call is a hit at once.
     assert (await own.Prefetch(request, timeout=2)).cache == HIT
 
@@ -119,14 +131,15 @@ async def test_a_timeout_the_serving_loop_caused_pauses_nothing(
     # The loop busy elsewhere for 80 ms (a burst of packet builds on a saturated machine) keeps
     # a cache operation from being sent within its 50 ms: that call says BYPASSED, and Redis,
     # fine all along, is not paused for the others. Redis itself silent that long still is.
-    srv, channel = await start_server(
-        redis_url=valkey.url, redis_timeout_ms=50, cache_retry_after_ms=60_000
-    )
-    own = stub_for(channel, caller)
     request = pb.PrefetchRequest(scope=pscope(), session_id="s")
-    await remember(caller, "Prefers window seats")
-    assert (await own.Prefetch(request, timeout=2)).cache == MISS
-
+    srv, own = await built_once(
+        start_server,
+        caller,
+        request,
+        redis_url=valkey.url,
+        redis_timeout_ms=50,
+        cache_retry_after_ms=60_000,
+    )
     redis = srv.runtime.redis
     real_run = redis.run
 
@@ -140,11 +153,6 @@ async def test_a_timeout_the_serving_loop_caused_pauses_nothing(
     assert stalled.cache == BYPASSED and "window seats" in stalled.text
     assert (await own.Prefetch(request, timeout=2)).cache == HIT
 
-    admin = aioredis.Redis.from_url(valkey.url)
-    try:
-        await admin.execute_command("CLIENT", "PAUSE", 300, "ALL")
+    async with redis_paused(valkey, 300):
         assert (await own.Prefetch(request, timeout=2)).cache == BYPASSED
-        await admin.execute_command("CLIENT", "UNPAUSE")  # held until the pause ends
-    finally:
-        await admin.aclose()
     assert (await own.Prefetch(request, timeout=2)).cache == BYPASSED  # paused for a minute
