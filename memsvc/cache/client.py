@@ -58,11 +58,11 @@ LOOP_SLACK_S = 0.01
 
 
 class LoopStalled(TimeoutError):
-    """The operation ran out of time because this process's event loop was busy elsewhere
-    (more than LOOP_SLACK_S before its first step and past its bound): a saturated or blocked
-    loop, which says nothing about Redis. Under load a burst of packet builds kept cache
-    operations from even being sent for 50 ms, and each such timeout paused the cache for
-    every call (BYPASSED for a second)."""
+    """The operation ran out of time because this process's event loop was busy elsewhere: it
+    kept the operation waiting more than LOOP_SLACK_S in all, before its first step and past
+    its bound. A saturated or blocked loop says nothing about Redis. Under load a burst of
+    packet builds kept cache operations from even being sent for 50 ms, and each such timeout
+    paused the cache for every call (BYPASSED for a second)."""
 
 
 #: What cache operations receive: either client has every command the cache uses.
