@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
-from memsvc.errors import Overloaded
 from memsvc.observability import shed_log
 
 RETRY_AFTER_S = 0.1
@@ -60,6 +59,7 @@ class LoopLag:
         ``max_lag_s``; 0 disables the gate."""
         lag_s = self.lag_s
         if max_lag_s and lag_s > max_lag_s:
-            why = f"this server is overloaded (event loop {lag_s * 1000:.0f} ms late)"
-            shed_log.shed(why)
-            raise Overloaded(f"{why}; retry shortly", retry_after_s=RETRY_AFTER_S)
+            raise shed_log.refused(
+                f"this server is overloaded (event loop {lag_s * 1000:.0f} ms late)",
+                retry_after_s=RETRY_AFTER_S,
+            )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 
+from memsvc.errors import Overloaded
 from memsvc.observability import metrics
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,13 @@ def shed(reason: str, *, clock: float | None = None) -> None:
         )
     _since_logged = 0
     _logged_at = now
+
+
+def refused(why: str, *, retry_after_s: float) -> Overloaded:
+    """A read refused at once because of ``why``: counted (:func:`shed`), and the error to
+    answer it with, with its retry hint."""
+    shed(why)
+    return Overloaded(f"{why}; retry shortly", retry_after_s=retry_after_s)
 
 
 def reset() -> None:

@@ -226,8 +226,7 @@ class InFlightLimit:
 
 def _shed(why: str) -> Overloaded:
     """A read refused at once (counted, summarized in the log), with the retry hint."""
-    shed_log.shed(why)
-    return Overloaded(f"{why}; retry shortly", retry_after_s=IN_FLIGHT_RETRY_AFTER_S)
+    return shed_log.refused(why, retry_after_s=IN_FLIGHT_RETRY_AFTER_S)
 
 
 @dataclass(frozen=True)

@@ -93,14 +93,14 @@ def _trust_fields(msg: pb.Memory, record: MemoryRecord) -> None:
     msg.effective_confidence = (
         record.confidence if record.effective_confidence is None else record.effective_confidence
     )
-    if record.last_reinforced_at is not None:
-        _set_time(msg.last_reinforced_at, record.last_reinforced_at)
-    if record.last_referenced_at is not None:
-        _set_time(msg.last_referenced_at, record.last_referenced_at)
-    if record.demoted_at is not None:
-        _set_time(msg.demoted_at, record.demoted_at)
-    if record.updated_at is not None:
-        _set_time(msg.updated_at, record.updated_at)
+    for field, value in (
+        (msg.last_reinforced_at, record.last_reinforced_at),
+        (msg.last_referenced_at, record.last_referenced_at),
+        (msg.demoted_at, record.demoted_at),
+        (msg.updated_at, record.updated_at),
+    ):
+        if value is not None:
+            _set_time(field, value)
 
 
 def memory_edit(edit: MemoryEdit) -> pb.MemoryEdit:
