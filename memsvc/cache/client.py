@@ -41,9 +41,9 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisClusterException, ResponseError
-from redis.retry import Retry
 
 from memsvc.cache.cluster import TOPOLOGY_TIMEOUT_S, RefreshingCluster, observe
 
