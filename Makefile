@@ -72,8 +72,8 @@ $(BUF): tools/buf/package.json tools/buf/package-lock.json
 	touch $(BUF)
 
 lint: install $(BUF)
-	$(BIN)/ruff check memsvc tests bench examples
-	$(BIN)/ruff format --check memsvc tests bench examples
+	$(BIN)/ruff check memsvc tests bench examples tools
+	$(BIN)/ruff format --check memsvc tests bench examples tools
 	$(BIN)/mypy memsvc
 	$(BUF) lint protos
 	$(BUF) breaking protos --against '$(BUF_AGAINST)'
