@@ -1,7 +1,6 @@
 """Settings: one variable per field, strict parsing, secrets kept out of repr, bad governance
-settings stop the command, and the README's table is the code's.
-
-`python -m tests.test_config` rewrites the README's table from the code."""
+settings stop the command. (The configuration reference is generated from them:
+tests/test_docs.py.)"""
 
 from __future__ import annotations
 
@@ -17,9 +16,6 @@ import pytest
 
 from memsvc import cli
 from memsvc.config import ENV_SETTINGS, ConfigError, Settings, env_name
-
-README = Path(__file__).resolve().parent.parent / "README.md"
-SECTION = "## Configuration"
 
 # Values for the fields a plain one would not pass validation for (a vocabulary, a choice).
 SAMPLES: dict[str, tuple[str, Any]] = {
@@ -172,69 +168,3 @@ def test_memsvc_dev_fails_fast_on_a_bad_pii_policy(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "configuration error: MEMSVC_PII_POLICY: unknown action 'keep'" in done.stderr
     assert not (tmp_path / "data").exists()  # no embedded server was started
-
-
-# -- the README's table ---------------------------------------------------------------------
-
-
-def _cell(value: object) -> str:
-    if value is None or value in ("", ()):
-        return ""
-    if isinstance(value, bool):
-        text = str(value).lower()
-    elif isinstance(value, float):
-        text = f"{value:g}"
-    elif isinstance(value, tuple):
-        text = ",".join(
-            f"{item[0]}={item[1]:g}" if isinstance(item, tuple) else str(item) for item in value
-        )
-    else:
-        text = str(value)
-    return f"`{text}`".replace("|", "\\|")
-
-
-def settings_table() -> list[str]:
-    """The README's table: one row per field, its variable, default and description."""
-    defaults = Settings()
-    rows = ["| variable | default | meaning |", "|---|---|---|"]
-    for spec in ENV_SETTINGS:
-        default = _cell(getattr(defaults, spec.field))
-        meaning = spec.help.replace("|", "\\|")
-        rows.append(f"| `{spec.variable}` | {default} | {meaning} |")
-    return rows
-
-
-def _readme_table(lines: list[str]) -> tuple[int, int]:
-    """Where the table of the configuration section starts and ends (line indexes)."""
-    start = lines.index(SECTION)
-    end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith("## "))
-    rows = [i for i in range(start, end) if lines[i].startswith("|")]
-    assert rows, f"no table under {SECTION!r} in README.md"
-    assert rows == list(range(rows[0], rows[-1] + 1)), "the settings table is not one block"
-    return rows[0], rows[-1] + 1
-
-
-def test_readme_table_is_the_settings() -> None:
-    lines = README.read_text().splitlines()
-    start, end = _readme_table(lines)
-    documented = lines[start:end]
-    expected = settings_table()
-    missing = set(expected) - set(documented)
-    unknown = set(documented) - set(expected)
-    assert documented == expected, (
-        "README.md's settings table differs from memsvc/config.py "
-        "(rewrite it with `python -m tests.test_config`):\n"
-        + "".join(f"  missing or changed: {row}\n" for row in sorted(missing))
-        + "".join(f"  not a setting (or stale): {row}\n" for row in sorted(unknown))
-    )
-
-
-def _rewrite_readme() -> None:
-    lines = README.read_text().splitlines()
-    start, end = _readme_table(lines)
-    lines[start:end] = settings_table()
-    README.write_text("\n".join(lines) + "\n")
-
-
-if __name__ == "__main__":
-    _rewrite_readme()

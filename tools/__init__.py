@@ -1,0 +1,1 @@
+"""Developer tools: generators and scripts the product never imports."""
