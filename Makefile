@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 PROTO_SRC := protos/memsvc/v1/memory.proto
 LOCK := requirements/lock.txt
 
-.PHONY: install lock run test test-latest test-cluster lint proto bench soak locomo extraction-eval image clean
+.PHONY: install lock run test test-latest test-cluster lint docs docs-serve proto bench soak locomo extraction-eval image clean
 
 ## Exactly the lock: a venv made anew whenever the lock (or pyproject.toml) changes, every
 ## package from requirements/lock.txt with its hashes checked (--require-hashes refuses any
@@ -31,7 +31,7 @@ install: $(STAMP)
 UV_COMPILE = $(BIN)/uv pip compile --quiet --universal --python-version 3.11 --generate-hashes
 lock: install
 	$(UV_COMPILE) $(if $(UPGRADE),--upgrade) pyproject.toml requirements/build.in \
-		--extra dev --extra bench --output-file $(LOCK)
+		--extra dev --extra bench --extra docs --output-file $(LOCK)
 	$(UV_COMPILE) pyproject.toml requirements/build.in --constraint $(LOCK) \
 		--output-file requirements/service.txt
 
@@ -78,6 +78,15 @@ lint: install $(BUF)
 	$(BUF) lint protos
 	$(BUF) breaking protos --against '$(BUF_AGAINST)'
 
+## The manual as a site (docs/, mkdocs.yml), strict: a broken link, a missing snippet or a page
+## out of the nav fails. The generated reference pages are checked by tests/test_docs.py.
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs
+docs: install
+	$(MKDOCS) build --strict --quiet
+
+docs-serve: install
+	$(MKDOCS) serve --strict
+
 ## Regenerate the Python code and type stubs from protos/ (committed).
 proto: install
 	PATH=$(BIN):$$PATH $(BIN)/python -m grpc_tools.protoc -I protos --python_out=. --grpc_python_out=. \
@@ -112,4 +121,4 @@ image:
 	docker build -t memsvc:dev .
 
 clean:
-	rm -rf $(VENV) .latest .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .latest site .pytest_cache .mypy_cache .ruff_cache

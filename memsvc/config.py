@@ -144,7 +144,7 @@ _FOLLOWS = (
 
 
 def setting(default: Any, help: str, *, parse: Parse | None = None, secret: bool = False) -> Any:
-    """A Settings field: its default, its description (the README's settings table) and, for
+    """A Settings field: its default, its description (docs/reference/configuration.md) and, for
     a value its type alone does not say how to read, its parser. A secret stays out of repr."""
     return field(default=default, repr=not secret, metadata={"help": help, "parse": parse})
 
@@ -354,14 +354,14 @@ class Settings:
         "while the oldest call waiting in gRPC's queue for a handler has waited longer than "
         "this (the serving loop is saturated), Recall answers without embedding its query "
         "(`degraded`, the cheapest answer), so the queue drains before anyone is refused "
-        "(`0`: off; see README, overload)",
+        "(`0`: off; see docs/read-path.md, overload)",
     )
     reads_max_queue_ms: int = setting(
         100,
         "while the oldest call waiting in gRPC's queue for a handler has waited longer than "
         "this, reads get `RESOURCE_EXHAUSTED` at once: the calls that waited that long are "
         "refused at a fraction of an answer's cost until the queue is short again, so none "
-        "waits past its deadline there (`0`: off; see README, overload)",
+        "waits past its deadline there (`0`: off; see docs/read-path.md, overload)",
     )
     reads_max_cpu_busy: float = setting(
         0.9,
@@ -716,5 +716,5 @@ def _env_settings() -> tuple[EnvSetting, ...]:
     return tuple(found)
 
 
-# Every field, in declaration order: what from_env reads and the README's table lists.
+# Every field, in declaration order: what from_env reads and docs/reference/configuration.md lists.
 ENV_SETTINGS = _env_settings()

@@ -2,7 +2,7 @@
 
 Labels carry names from closed sets (RPC methods, status codes, legs, stages, models) and
 never a tenant, user or any request text: cardinality stays bounded and nothing private is
-exported. README "Observability" lists them.
+exported. docs/operations/observability.md lists them.
 """
 
 from __future__ import annotations

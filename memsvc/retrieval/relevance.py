@@ -9,7 +9,7 @@ not embedded yet: the share of the query's distinct words (stemmed lexemes, stop
 out) the item's own text contains.
 
 The default minimum (MEMSVC_RECALL_MIN_RELEVANCE) was chosen on the LoCoMo development split
-with all-MiniLM-L6-v2 (bench/locomo_eval.py --min-scores, see the README): cosine scales
+with all-MiniLM-L6-v2 (bench/locomo_eval.py --min-scores, see docs/read-path.md): cosine scales
 differ between embedding models, so a deployment with another model re-measures it.
 """
 

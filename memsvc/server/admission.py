@@ -56,7 +56,7 @@ class InFlightLimit:
     waits past its deadline there. Alone it would refuse far too much (an embedding per call
     keeps the loop saturated: once the queue is short the calls behind are admitted together
     and it fills again); with Recall answering from its lexical leg alone from a shorter wait
-    on (retrieval/recall.py), it only catches what even that cannot drain (README, overload).
+    on (retrieval/recall.py), it only catches what even that cannot drain (docs/read-path.md).
     """
 
     # Weight of the newest read in the moving averages.
@@ -70,7 +70,7 @@ class InFlightLimit:
     # grow (TCP's congestion window validation, RFC 7661): it starts at START_CAP, and after
     # a quiet spell stays where the last busy one left it, so a burst arriving at once meets
     # that cap and not ``limit`` while the CPU measure (50-100 ms behind) catches up.
-    # Measured on 2 cores, two serving processes, 4x and 8x the capacity (README, overload):
+    # Measured on 2 cores, two serving processes, 4x and 8x the capacity (docs/read-path.md):
     # a floor of 2 refused a third of the calls at 4x (the machine is saturated there, and
     # the reads a loop takes in one pass arrive together); 4 answers 80%, and starting at 8
     # instead of ``limit`` took the burst's first tenth of a second from tens of calls past
