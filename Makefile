@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 PROTO_SRC := protos/memsvc/v1/memory.proto
 LOCK := requirements/lock.txt
 
-.PHONY: install lock run test test-latest test-cluster lint docs docs-serve proto bench soak locomo extraction-eval image clean
+.PHONY: install lock run test test-latest test-cluster lint docs docs-serve proto bench soak locomo realmem extraction-eval image clean
 
 ## Exactly the lock: a venv made anew whenever the lock (or pyproject.toml) changes, every
 ## package from requirements/lock.txt with its hashes checked (--require-hashes refuses any
@@ -106,6 +106,11 @@ bench: install
 ## Retrieval quality on the LoCoMo development split (../shared/data/locomo), through gRPC.
 locomo: install
 	$(BIN)/python -m bench.locomo_eval $(LOCOMO_ARGS)
+
+## Session-level retrieval on the RealMem development split (../shared/data/realmem: long
+## user-assistant chats), through gRPC, against a plain BM25 over the same messages in the same run.
+realmem: install
+	$(BIN)/python -m bench.realmem $(REALMEM_ARGS)
 
 ## What extraction stores, on the same split: facts per session and coverage against the gold
 ## observations, FACT/EPISODE evidence Recall@k, the Prefetch check, extraction throughput.
