@@ -57,7 +57,7 @@ CITUS_SOURCE ?= $(lastword $(sort $(wildcard ../shared/vendor/citus-*.tar.gz)))
 ## memsvc on a Citus coordinator with two workers (tests/cluster; the session starts them, or
 ## MEMSVC_CITUS_DSN names a running coordinator). `make test` never collects these.
 test-cluster: install
-	CITUS_SOURCE='$(CITUS_SOURCE)' $(BIN)/python -m memsvc.embedded.citus_build
+	CITUS_SOURCE='$(CITUS_SOURCE)' $(BIN)/python -m tools.clusters.citus_build
 	CITUS_SOURCE='$(CITUS_SOURCE)' $(BIN)/python -m pytest tests/cluster $(PYTEST_ARGS)
 
 ## buf CLI pinned by tools/buf/package-lock.json, installed locally (never globally) with npm ci.
@@ -74,7 +74,7 @@ $(BUF): tools/buf/package.json tools/buf/package-lock.json
 lint: install $(BUF)
 	$(BIN)/ruff check memsvc tests bench examples tools
 	$(BIN)/ruff format --check memsvc tests bench examples tools
-	$(BIN)/mypy memsvc
+	$(BIN)/mypy memsvc tools
 	$(BUF) lint protos
 	$(BUF) breaking protos --against '$(BUF_AGAINST)'
 

@@ -108,9 +108,10 @@ def embedded_stack(
 
     Several `memsvc_server`s can run against it one after the other (e.g. the same ingested
     data served with different settings)."""
-    from memsvc.embedded import EmbeddedStack, EmbeddedValkeyCluster
-    from memsvc.embedded.citus import CitusCluster
-    from memsvc.embedded.citus_build import citus_bin_dir
+    from memsvc.embedded import EmbeddedStack
+    from tools.clusters.citus import CitusCluster
+    from tools.clusters.citus_build import citus_bin_dir
+    from tools.clusters.valkey_cluster import EmbeddedValkeyCluster
 
     # `timeout` and Ctrl-C must still stop the child servers: turn SIGTERM into SystemExit so
     # the finally blocks below run.

@@ -36,13 +36,13 @@ from memsvc.cache.packets import PacketCache
 from memsvc.config import Settings
 from memsvc.embedded import EmbeddedValkey
 from memsvc.embedded.process import pick_free_port
-from memsvc.embedded.valkey_cluster import ClusterNodeValkey, EmbeddedValkeyCluster
 from memsvc.v1 import memory_pb2 as pb
 from tests.conftest import Caller
 from tests.embedded_faults import crash
 from tests.read_helpers import StartServer, pscope, stub_for
 from tests.read_helpers import start_server as start_server  # fixture
 from tests.test_prefetch_warm import warm_count
+from tools.clusters.valkey_cluster import ClusterNodeValkey, EmbeddedValkeyCluster
 
 HIT, MISS, BYPASSED = pb.CACHE_STATUS_HIT, pb.CACHE_STATUS_MISS, pb.CACHE_STATUS_BYPASSED
 NODE_TIMEOUT_MS = 1000

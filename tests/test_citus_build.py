@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 
 from memsvc.embedded.binaries import postgres_bin_dir
-from memsvc.embedded.citus_build import CitusUnavailable, build, check_installed
+from tools.clusters.citus_build import CitusUnavailable, build, check_installed
 
 
 def _run_without_citus(tmp_path: Path) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CITUS_")}
     env["CITUS_BUILD_CACHE"] = str(tmp_path)
     return subprocess.run(
-        [sys.executable, "-m", "memsvc.embedded.citus_build"],
+        [sys.executable, "-m", "tools.clusters.citus_build"],
         capture_output=True,
         text=True,
         env=env,

@@ -96,3 +96,22 @@ def test_readme_layout_matches_the_tree() -> None:
         f"README layout names {sorted(named - folders)} that do not exist"
         f" and misses {sorted(folders - named)}"
     )
+
+
+def test_the_product_never_imports_tests_bench_or_tools() -> None:
+    """tools/ (generators, the test clusters), tests/ and bench/ stand on the product; the
+    installed package holds none of them, so an import of one would fail in production."""
+    wrong = []
+    for path in _sources():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            wrong += [
+                f"{path.relative_to(ROOT)}: {name}"
+                for name in names
+                if name.split(".")[0] in {"tools", "tests", "bench"}
+            ]
+    assert wrong == []

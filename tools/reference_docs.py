@@ -16,6 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import grpc
 from google.protobuf import descriptor_pb2
 
 from memsvc import errors
@@ -137,7 +138,7 @@ def _rpc_comments() -> list[tuple[str, str, str]]:
     return rpcs
 
 
-_STATUS = re.compile(r"\b(" + "|".join(code.name for code in errors.grpc.StatusCode) + r")\b")
+_STATUS = re.compile(r"\b(" + "|".join(code.name for code in grpc.StatusCode) + r")\b")
 
 
 def errors_page() -> str:

@@ -4,12 +4,10 @@ from memsvc.embedded.errors import EmbeddedServerError
 from memsvc.embedded.postgres import EmbeddedPostgres
 from memsvc.embedded.stack import EmbeddedStack
 from memsvc.embedded.valkey import EmbeddedValkey
-from memsvc.embedded.valkey_cluster import EmbeddedValkeyCluster
 
 __all__ = [
     "EmbeddedPostgres",
     "EmbeddedServerError",
     "EmbeddedStack",
     "EmbeddedValkey",
-    "EmbeddedValkeyCluster",
 ]

