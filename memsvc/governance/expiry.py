@@ -30,18 +30,11 @@ from memsvc.cache.invalidation import PacketInvalidator
 from memsvc.config import WORKER_ACQUIRE_TIMEOUT_S
 from memsvc.observability import metrics
 from memsvc.storage import changes, citus, retention
+from memsvc.storage.errors import DATABASE_DOWN
 from memsvc.storage.retention import User
 
 log = logging.getLogger(__name__)
 
-# What a database outage raises; the loop outlives all of these (as the outbox worker does).
-_DATABASE_DOWN = (
-    asyncpg.PostgresError,
-    asyncpg.InterfaceError,
-    asyncpg.InternalClientError,
-    OSError,
-    TimeoutError,
-)
 # Cached-key deletions in flight at once after a batch.
 _INVALIDATE_CONCURRENCY = 32
 
@@ -252,7 +245,7 @@ class ExpiryTask:
                 return
             try:
                 await self.run_once()
-            except _DATABASE_DOWN as exc:
+            except DATABASE_DOWN as exc:
                 log.warning("expiry pass failed (%s); retrying next interval", type(exc).__name__)
             except Exception:
                 # A bug: said loudly, with its stack, at every interval; the loop lives on

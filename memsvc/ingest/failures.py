@@ -25,6 +25,7 @@ import asyncpg
 from memsvc.embedding import EmbeddingError
 from memsvc.errors import DeadlineExceeded, MemsvcError, ResourceExhausted, Unavailable
 from memsvc.extraction.base import ExtractionError
+from memsvc.storage.errors import DATABASE_DOWN, PERMANENT_SQLSTATES, TRANSIENT_SQLSTATES
 
 
 class Verdict(enum.Enum):
@@ -67,36 +68,12 @@ class SpeakerFailures(Exception):
 
 # What one speaker's processing may raise without being a bug: the pipeline records it,
 # goes on with the other speakers, and the job's verdict is decided from all of them.
-SPEAKER_ERRORS: tuple[type[Exception], ...] = (
+SPEAKER_ERRORS: tuple[type[BaseException], ...] = (
     ExtractionError,
     PermanentJobError,
-    asyncpg.PostgresError,
-    asyncpg.InterfaceError,
-    asyncpg.InternalClientError,
-    OSError,
-    TimeoutError,
+    *DATABASE_DOWN,
 )
 
-# SQLSTATE classes that may succeed on another attempt.
-_TRANSIENT_SQLSTATES: tuple[type[asyncpg.PostgresError], ...] = (
-    asyncpg.PostgresConnectionError,  # 08: the connection is gone
-    asyncpg.TransactionRollbackError,  # 40: serialization failure, deadlock
-    asyncpg.InsufficientResourcesError,  # 53: disk full, out of memory, too many connections
-    asyncpg.OperatorInterventionError,  # 57: statement timeout, shutdown, starting up
-    asyncpg.PostgresSystemError,  # 58: an I/O error on the server
-    asyncpg.LockNotAvailableError,  # 55P03: lock_timeout
-    asyncpg.ObjectInUseError,  # 55006
-    asyncpg.InvalidCachedStatementError,  # 0A000 after a migration: prepared again next time
-)
-# SQLSTATE classes that the same statement on the same rows raises again.
-_PERMANENT_SQLSTATES: tuple[type[asyncpg.PostgresError], ...] = (
-    asyncpg.DataError,  # 22: a value the column or function rejects (NUL byte, out of range)
-    asyncpg.IntegrityConstraintViolationError,  # 23: a row a constraint refuses
-    asyncpg.CardinalityViolationError,  # 21: e.g. one upsert touching a row twice
-    asyncpg.SyntaxOrAccessError,  # 42: SQL that does not fit the schema (a bug or a bad deploy)
-    asyncpg.FeatureNotSupportedError,  # 0A
-    asyncpg.ProgramLimitExceededError,  # 54: a statement or value too large
-)
 _TRANSIENT: tuple[type[BaseException], ...] = (
     # Client side: a closed connection or pool, a protocol left mid-message, a schema cache
     # out of date after a migration.
@@ -136,9 +113,9 @@ def _verdict(exc: BaseException) -> tuple[Verdict, bool]:
     if isinstance(exc, PermanentJobError):
         return Verdict.ABORT, False
     if isinstance(exc, asyncpg.PostgresError):
-        if isinstance(exc, _TRANSIENT_SQLSTATES):
+        if isinstance(exc, TRANSIENT_SQLSTATES):
             return Verdict.RETRY, False
-        if isinstance(exc, _PERMANENT_SQLSTATES):
+        if isinstance(exc, PERMANENT_SQLSTATES):
             return Verdict.ABORT, False
         # A refusal of a kind not foreseen (XX000, a trigger's RAISE): the server's condition,
         # not our code, so it gets the bounded retries.

@@ -34,21 +34,12 @@ from memsvc.ingest.pipeline import ExtractionPipeline, Outcome
 from memsvc.observability import metrics
 from memsvc.storage import citus, outbox
 from memsvc.storage.connection import Connection
+from memsvc.storage.errors import DATABASE_DOWN
 from memsvc.storage.outbox import Job
 
 log = logging.getLogger(__name__)
 
 CHANNEL = "memsvc_outbox"
-# What a database outage raises from a pool or a connection (a session the server ended can
-# also surface as an interface or internal client error). The loops outlive all of these.
-DATABASE_DOWN = (
-    asyncpg.PostgresError,
-    asyncpg.InterfaceError,
-    asyncpg.InternalClientError,
-    OSError,
-    TimeoutError,
-)
-
 
 # The listener's reconnect delays (seconds): exponential from the first, capped.
 # Users with announced work a worker remembers for its read kicks (a set of short strings).

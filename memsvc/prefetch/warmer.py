@@ -29,6 +29,7 @@ from memsvc.observability import metrics
 from memsvc.prefetch.model import PrefetchQuery
 from memsvc.prefetch.service import PrefetchService
 from memsvc.storage import versions
+from memsvc.storage.errors import DATABASE_DOWN
 from memsvc.storage.model import Scope
 from memsvc.storage.notifications import ChangeListener
 from memsvc.storage.pool import acquire
@@ -39,13 +40,7 @@ BUILT, SKIPPED, FAILED = "built", "skipped", "failed"
 _SEP = "\x1f"
 _BUSY_POLL_S = 0.05
 # What a database or Redis failure raises (logged without a trace, counted as failed).
-_UNAVAILABLE = (
-    asyncpg.PostgresError,
-    asyncpg.InterfaceError,
-    RedisError,
-    OSError,
-    TimeoutError,
-)
+_UNAVAILABLE: tuple[type[BaseException], ...] = (*DATABASE_DOWN, RedisError)
 
 UserKey = tuple[str, str]
 

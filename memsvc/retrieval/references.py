@@ -28,20 +28,12 @@ import asyncpg
 
 from memsvc.observability import metrics
 from memsvc.storage.citus import has_citus
+from memsvc.storage.errors import DATABASE_DOWN
 from memsvc.storage.references import mark_referenced, mark_referenced_by_user
 
 log = logging.getLogger(__name__)
 
 _Key = tuple[str, str, uuid.UUID]
-# What a flush may meet when the database is slow or away (a closed pool, a lost connection,
-# the acquire or statement timeout): logged and counted, the ids dropped.
-_FLUSH_ERRORS = (
-    asyncpg.PostgresError,
-    asyncpg.InterfaceError,
-    asyncpg.InternalClientError,
-    OSError,
-    TimeoutError,
-)
 # Ids written per statement (each in its own short transaction). Small enough that encoding
 # one chunk (on the event loop that also answers reads) is a fraction of a millisecond: the
 # loop is free again while PostgreSQL works on it.
@@ -133,7 +125,7 @@ class ReferenceRecorder:
             except Exception as exc:
                 # Never raised (a flush runs beside reads and at stop), but a bug is logged
                 # with its stack, not as a database hiccup.
-                if isinstance(exc, _FLUSH_ERRORS):
+                if isinstance(exc, DATABASE_DOWN):
                     log.warning(
                         "could not write last_referenced_at for %d memories: %s",
                         len(rows),

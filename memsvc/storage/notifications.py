@@ -23,17 +23,10 @@ import asyncpg
 from memsvc.concurrency.backoff import backoff_delay
 from memsvc.observability import metrics
 from memsvc.storage import changes
+from memsvc.storage.errors import DATABASE_DOWN
 
 log = logging.getLogger(__name__)
 
-# What a dropped LISTEN connection raises; the listener outlives all of these.
-_DATABASE_DOWN = (
-    asyncpg.PostgresError,
-    asyncpg.InterfaceError,
-    asyncpg.InternalClientError,
-    OSError,
-    TimeoutError,
-)
 _BACKOFF_BASE_S = 0.5
 _BACKOFF_MAX_S = 30.0
 
@@ -126,7 +119,7 @@ class ChangeListener:
                 # Changes may have committed while nobody listened.
                 self._reconnected()
                 await lost.wait()
-            except _DATABASE_DOWN as exc:
+            except DATABASE_DOWN as exc:
                 log.info("change listener unavailable (%s); retrying", type(exc).__name__)
             finally:
                 self.listening.clear()
