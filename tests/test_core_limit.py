@@ -12,12 +12,12 @@ import pytest
 
 from memsvc.extraction.openai_chat import OpenAIChatExtractor
 from memsvc.governance import trust
-from memsvc.memories.compaction import CoreCompactor, CoreLimits, block_chars
-from memsvc.memories.normalize import content_hash
+from memsvc.governance.compaction import CoreCompactor, CoreLimits, block_chars
 from memsvc.server.app import MemsvcServer
 from memsvc.storage import core as core_store
 from memsvc.storage import memories as store
 from memsvc.storage.model import NewMemory, Scope
+from memsvc.storage.normalize import content_hash
 from memsvc.v1 import memory_pb2 as pb
 from tests.conftest import Caller
 from tests.ingest_helpers import ingest, msg

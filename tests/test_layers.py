@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import importlib
 import re
 from pathlib import Path
 
@@ -115,3 +116,28 @@ def test_the_product_never_imports_tests_bench_or_tools() -> None:
                 if name.split(".")[0] in {"tools", "tests", "bench"}
             ]
     assert wrong == []
+
+
+SERVICES = {"retrieval", "prefetch", "ingest", "memories", "export"}
+
+
+@pytest.mark.parametrize("path", _sources(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_service_uses_another_service_only_through_what_it_exports(path: Path) -> None:
+    """A service package may use another only by the names its __init__ exports (`from
+    memsvc.retrieval import rrf`), never by reaching into one of its modules."""
+    part = path.relative_to(ROOT).parts[0]
+    if part not in SERVICES:
+        return
+    wrong = []
+    for module in _imports(path):
+        pieces = module.split(".")
+        if pieces[1] in SERVICES and pieces[1] != part and len(pieces) > 2:
+            wrong.append(module)
+    assert wrong == [], f"{path.relative_to(ROOT)} reaches into another service: {wrong}"
+
+
+@pytest.mark.parametrize("service", sorted(SERVICES))
+def test_what_a_service_exports_exists(service: str) -> None:
+    package = importlib.import_module(f"memsvc.{service}")
+    missing = [name for name in getattr(package, "__all__", []) if not hasattr(package, name)]
+    assert missing == []

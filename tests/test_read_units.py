@@ -45,9 +45,9 @@ from memsvc.retrieval.query import Hit, ItemKind
 from memsvc.retrieval.ranking import final_order
 from memsvc.retrieval.recall import RecallConfig, RecallService
 from memsvc.retrieval.scope_filter import keep_visible, memory_visible, visible
-from memsvc.retrieval.sources import statement_timeout
 from memsvc.server.admission import InFlightLimit
 from memsvc.storage.model import MemoryRecord, Scope, Sharing
+from memsvc.storage.pool import statement_timeout
 from tests.test_tenant_limits import FakeClock
 
 NOW = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)

@@ -12,8 +12,8 @@ from memsvc.cache.keys import packet_key, user_index_key, user_tag
 from memsvc.concurrency.deadline import Budget
 from memsvc.config import ConfigError, Settings, parse_bool
 from memsvc.errors import InvalidArgument
-from memsvc.memories.normalize import content_hash, normalize_content
 from memsvc.server import validate
+from memsvc.storage.normalize import content_hash, normalize_content
 
 
 @pytest.mark.parametrize(

@@ -47,14 +47,14 @@ from memsvc.export.parse import (
 )
 from memsvc.governance.guard import PiiGuard
 from memsvc.governance.pii import Screened
-from memsvc.memories.normalize import content_hash
 from memsvc.observability import metrics
 from memsvc.storage import changes
 from memsvc.storage import imports as sql
 from memsvc.storage import messages as message_sql
-from memsvc.storage.extraction import lock_user
 from memsvc.storage.imports import Column, json_array_column
+from memsvc.storage.locks import lock_user
 from memsvc.storage.model import Scope
+from memsvc.storage.normalize import content_hash
 from memsvc.storage.pool import acquire
 
 log = logging.getLogger(__name__)

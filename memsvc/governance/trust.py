@@ -103,3 +103,23 @@ def decorate(record: MemoryRecord, now: datetime, policy: TrustPolicy) -> Memory
 def policy_from(overrides: Iterable[tuple[str, float]]) -> TrustPolicy:
     """The defaults with the configured half-lives over them (validated by Settings)."""
     return TrustPolicy({**DEFAULT_HALF_LIVES, **dict(overrides)})
+
+
+def trust_of(record: MemoryRecord) -> float:
+    """The effective confidence when the service filled it, else the stored one."""
+    if record.effective_confidence is not None:
+        return record.effective_confidence
+    return record.confidence
+
+
+def core_order(records: Iterable[MemoryRecord]) -> list[MemoryRecord]:
+    """Pinned first, then more confident (effective confidence), then newest."""
+    return sorted(
+        records,
+        key=lambda r: (
+            not r.pinned,
+            -round(trust_of(r), 6),
+            -r.recorded_at.timestamp(),
+            r.memory_id,
+        ),
+    )

@@ -42,6 +42,7 @@ from memsvc.extraction.guardrails import (
     rules_decision,
 )
 from memsvc.extraction.predicates import HISTORICAL_OF, OPPOSITE
+from memsvc.governance.compaction import CoreCompactor
 from memsvc.governance.guard import PiiGuard
 from memsvc.governance.pii import (
     Screened,
@@ -52,13 +53,13 @@ from memsvc.governance.pii import (
 from memsvc.governance.policy import REJECT
 from memsvc.ingest.failures import SPEAKER_ERRORS, InvalidExtraction, SpeakerFailures
 from memsvc.ingest.payload import JobPayload, parse_payload
-from memsvc.memories.compaction import CoreCompactor
-from memsvc.memories.normalize import content_hash, normalize_content
 from memsvc.observability import metrics
 from memsvc.storage import changes, memories, messages, retention
 from memsvc.storage import extraction as store
 from memsvc.storage.connection import Connection
+from memsvc.storage.locks import lock_user
 from memsvc.storage.model import NewMemory, Scope
+from memsvc.storage.normalize import content_hash, normalize_content
 from memsvc.storage.outbox import Job
 
 log = logging.getLogger(__name__)
@@ -286,7 +287,7 @@ class ExtractionPipeline:
         outcome = Outcome(speakers=1)
         prepared = await self._prepare(job, speaker, outcome)
         async with self._acquire() as conn, conn.transaction():
-            await store.lock_user(conn, scope.tenant_id, scope.user_id)
+            await lock_user(conn, scope.tenant_id, scope.user_id)
             if not await store.sources_remain(
                 conn,
                 job.scope,

@@ -34,18 +34,18 @@ from memsvc.concurrency.deadline import Budget
 from memsvc.embedding import Embedder, EmbeddingError
 from memsvc.errors import InvalidArgument, MemsvcError
 from memsvc.governance import trust
+from memsvc.governance.compaction import CoreCompactor
 from memsvc.governance.guard import PiiGuard
-from memsvc.memories.compaction import CoreCompactor
-from memsvc.memories.normalize import content_hash
 from memsvc.memories.service import Remembered
 from memsvc.observability import metrics
 from memsvc.storage import changes, versions
 from memsvc.storage import memory_batches as sql
 from memsvc.storage.connection import Connection
-from memsvc.storage.extraction import lock_user
+from memsvc.storage.locks import lock_user
 from memsvc.storage.memories import insert_or_reinforce
 from memsvc.storage.memory_batches import BatchRow
 from memsvc.storage.model import MemoryRecord, NewMemory, Scope
+from memsvc.storage.normalize import content_hash
 from memsvc.storage.pool import acquire
 
 log = logging.getLogger(__name__)

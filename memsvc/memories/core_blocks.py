@@ -4,7 +4,7 @@
   the persona-block limit. Extraction never writes it.
 - HUMAN: written text plus the scope's core facts (current memories pinned or of the core
   role, storage.core.block). One limit covers both: the facts may take the limit less the
-  text (memories.compaction), which is how extraction promotes fundamental facts into the
+  text (governance.compaction), which is how extraction promotes fundamental facts into the
   block within its limit. A REPLACE that leaves the facts less room demotes the lowest-
   priority ones to ordinary facts (compaction's order) and reports them as ``displaced``.
 
@@ -27,9 +27,9 @@ from memsvc.cache.invalidation import PacketInvalidator
 from memsvc.concurrency.deadline import Budget
 from memsvc.errors import FailedPrecondition, InvalidArgument
 from memsvc.governance import trust
+from memsvc.governance.compaction import CoreCompactor
 from memsvc.governance.guard import PiiGuard
-from memsvc.memories.compaction import CoreCompactor
-from memsvc.prefetch.assembly import core_order
+from memsvc.governance.trust import core_order
 from memsvc.storage import changes
 from memsvc.storage import core as core_store
 from memsvc.storage import core_blocks as store

@@ -18,14 +18,13 @@ from memsvc.embedding import Embedder, EmbeddingError
 from memsvc.errors import FailedPrecondition, InvalidArgument, NotFound
 from memsvc.extraction.predicates import TOPIC_OF_PREDICATE
 from memsvc.governance import trust
+from memsvc.governance.compaction import CoreCompactor
 from memsvc.governance.guard import PiiGuard
 from memsvc.memories import update as updating
-from memsvc.memories.compaction import CoreCompactor
-from memsvc.memories.normalize import content_hash
-from memsvc.retrieval.references import ReferenceRecorder
+from memsvc.retrieval import ReferenceRecorder
 from memsvc.storage import changes, edits, erasure, retention, versions
 from memsvc.storage import memories as store
-from memsvc.storage.extraction import lock_user
+from memsvc.storage.locks import lock_user
 from memsvc.storage.model import (
     ListQuery,
     MemoryEdit,
@@ -35,6 +34,7 @@ from memsvc.storage.model import (
     Page,
     Scope,
 )
+from memsvc.storage.normalize import content_hash
 from memsvc.storage.pool import acquire
 
 log = logging.getLogger(__name__)

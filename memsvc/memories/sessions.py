@@ -11,11 +11,10 @@ import asyncpg
 from memsvc.cache.invalidation import PacketInvalidator
 from memsvc.concurrency.deadline import Budget
 from memsvc.errors import NotFound
-from memsvc.prefetch.model import EpisodeRecord
-from memsvc.prefetch.queries import episode_from_row
 from memsvc.storage import changes
 from memsvc.storage import sessions as store
-from memsvc.storage.model import Scope
+from memsvc.storage.episodes import episode_from_row
+from memsvc.storage.model import EpisodeRecord, Scope
 from memsvc.storage.pool import acquire
 from memsvc.storage.sessions import SessionForgotten, SessionRow
 

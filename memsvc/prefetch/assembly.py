@@ -16,8 +16,8 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 
-from memsvc.prefetch.model import EdgeRow, EpisodeRecord, FactCandidate, TopicRow
-from memsvc.storage.model import MemoryRecord
+from memsvc.prefetch.model import EdgeRow, FactCandidate, TopicRow
+from memsvc.storage.model import EpisodeRecord, MemoryRecord
 
 SECONDS_PER_DAY = 86_400.0
 
@@ -152,23 +152,3 @@ def merge_candidates(
 def base_weight(record: MemoryRecord) -> float:
     """A fact's weight without an edge: 1, plus one per reinforcement (as edges grow)."""
     return 1.0 + record.reinforced_count
-
-
-def trust_of(record: MemoryRecord) -> float:
-    """The effective confidence when the service filled it, else the stored one."""
-    if record.effective_confidence is not None:
-        return record.effective_confidence
-    return record.confidence
-
-
-def core_order(records: Iterable[MemoryRecord]) -> list[MemoryRecord]:
-    """Pinned first, then more confident (effective confidence), then newest."""
-    return sorted(
-        records,
-        key=lambda r: (
-            not r.pinned,
-            -round(trust_of(r), 6),
-            -r.recorded_at.timestamp(),
-            r.memory_id,
-        ),
-    )

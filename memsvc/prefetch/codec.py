@@ -16,9 +16,9 @@ from memsvc.prefetch.model import (
     PERSONA,
     PERSONA_BLOCK,
     RELEVANT,
-    EpisodeRecord,
     Packet,
 )
+from memsvc.storage.model import EpisodeRecord
 from memsvc.v1 import memory_pb2 as pb
 from memsvc.wire.convert import memory, scope, timestamp
 

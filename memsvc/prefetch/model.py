@@ -6,7 +6,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime
 
-from memsvc.storage.model import MemoryRecord, Scope
+from memsvc.storage.model import EpisodeRecord, MemoryRecord, Scope
 
 PERSONA = "persona"
 CORE = "core"
@@ -35,23 +35,6 @@ class PrefetchQuery:
         """
         parts = (self.scope.persona_id, self.scope.agent_id, self.hint, self.chars, self.tokens)
         return "\x1f".join(str(p) for p in parts)
-
-
-@dataclass(frozen=True)
-class EpisodeRecord:
-    """A finished conversation as extraction summarised it."""
-
-    scope: Scope
-    episode_id: uuid.UUID
-    session_id: str
-    title: str
-    summary: str
-    excerpt: str
-    source_message_ids: tuple[str, ...]
-    started_at: datetime
-    ended_at: datetime
-    # When it expires with its source messages (never: None).
-    expires_at: datetime | None = None
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from memsvc.prefetch.assembly import trust_of
+from memsvc.governance.trust import trust_of
 from memsvc.prefetch.model import (
     CORE,
     EPISODES,
@@ -41,9 +41,8 @@ from memsvc.prefetch.model import (
     PERSONA,
     PERSONA_BLOCK,
     RELEVANT,
-    EpisodeRecord,
 )
-from memsvc.storage.model import MemoryRecord
+from memsvc.storage.model import EpisodeRecord, MemoryRecord
 
 MAX_LINE_CHARS = 400
 SHARES: Mapping[str, float] = {PERSONA: 0.2, CORE: 0.3, RELEVANT: 0.35, EPISODES: 0.15}

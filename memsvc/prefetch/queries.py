@@ -10,13 +10,13 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 
-import asyncpg
 import numpy as np
 import numpy.typing as npt
 
-from memsvc.prefetch.model import EdgeRow, EpisodeRecord, TopicRow
+from memsvc.prefetch.model import EdgeRow, TopicRow
 from memsvc.storage.conditions import CURRENT, EXACT_SCOPE, NOT_EXPIRED, VISIBLE, not_expired
 from memsvc.storage.connection import Connection
+from memsvc.storage.episodes import episode_from_row
 from memsvc.storage.memories import HOT_COLUMNS as COLUMNS
 from memsvc.storage.memories import record_from_row
 from memsvc.storage.model import MemoryRecord, Scope
@@ -27,21 +27,6 @@ _EPISODE_COLUMNS = (
     "e.tenant_id, e.user_id, e.persona_id, e.agent_id, e.episode_id, e.session_id, e.title,"
     " e.summary, e.excerpt, e.source_message_ids, e.started_at, e.ended_at, e.expires_at"
 )
-
-
-def episode_from_row(row: asyncpg.Record) -> EpisodeRecord:
-    return EpisodeRecord(
-        scope=Scope.from_row(row),
-        episode_id=row["episode_id"],
-        session_id=row["session_id"],
-        title=row["title"],
-        summary=row["summary"],
-        excerpt=row["excerpt"],
-        source_message_ids=tuple(row["source_message_ids"]),
-        started_at=row["started_at"],
-        ended_at=row["ended_at"],
-        expires_at=row["expires_at"],
-    )
 
 
 async def core_facts(

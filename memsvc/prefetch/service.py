@@ -50,24 +50,28 @@ from memsvc.prefetch.model import (
     PERSONA_BLOCK,
     RELEVANT,
     EdgeRow,
-    EpisodeRecord,
     FactCandidate,
     Packet,
     PrefetchQuery,
     SectionCount,
 )
-from memsvc.retrieval.dense import dense_hits
-from memsvc.retrieval.embed_cache import QueryEmbedder, Vector
-from memsvc.retrieval.fusion import rrf
-from memsvc.retrieval.lexical import cjk_patterns, lexical_hits
-from memsvc.retrieval.query import Hit, ItemKind
-from memsvc.retrieval.references import ReferenceRecorder
-from memsvc.retrieval.scope_filter import keep_visible, memory_visible
-from memsvc.retrieval.sources import statement_timeout
+from memsvc.retrieval import (
+    Hit,
+    ItemKind,
+    QueryEmbedder,
+    ReferenceRecorder,
+    Vector,
+    cjk_patterns,
+    dense_hits,
+    keep_visible,
+    lexical_hits,
+    memory_visible,
+    rrf,
+)
 from memsvc.storage import versions
 from memsvc.storage.connection import Connection
-from memsvc.storage.model import MemoryRecord
-from memsvc.storage.pool import acquire
+from memsvc.storage.model import EpisodeRecord, MemoryRecord
+from memsvc.storage.pool import acquire, statement_timeout
 from memsvc.v1 import memory_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -554,7 +558,7 @@ class PrefetchService:
         taken = {r.memory_id for r in persona_records}
         core_records = [
             r
-            for r in assembly.core_order(decorate(r) for r in core.core)
+            for r in trust.core_order(decorate(r) for r in core.core)
             if r.memory_id not in taken and memory_visible(scope, r)
         ]
         taken.update(r.memory_id for r in core_records)

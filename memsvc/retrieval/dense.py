@@ -30,11 +30,11 @@ from memsvc.retrieval.sources import (
     count_cte,
     filter_args,
     ranged,
-    statement_timeout,
     to_hit,
 )
 from memsvc.storage.connection import Connection
 from memsvc.storage.model import Scope
+from memsvc.storage.pool import statement_timeout
 
 
 @functools.lru_cache(maxsize=32)

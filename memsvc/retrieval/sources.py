@@ -18,28 +18,11 @@ import asyncpg
 import numpy as np
 import numpy.typing as npt
 
-from memsvc.concurrency.deadline import Budget
 from memsvc.retrieval.query import Hit, ItemKind, RecallFilters
 from memsvc.storage.conditions import CURRENT, EXACT_SCOPE, NOT_EXPIRED
 from memsvc.storage.conditions import VISIBLE as FACT_VISIBLE
 from memsvc.storage.memories import record_from_row
 from memsvc.storage.model import Scope
-
-# How long after the budget's end asyncpg's own timeout would stop a leg's statement.
-STATEMENT_TIMEOUT_SLACK_S = 0.1
-
-
-def statement_timeout(budget: Budget) -> float:
-    """asyncpg's per-statement timeout: a backstop a little after the budget's end.
-
-    The leg runner cancels a late leg at the budget's end (asyncpg then cancels its query on
-    the server), and the answer is built right after. asyncpg's own timeout must not fire at
-    the same moment: handling it (the timeout error, a cancel request on a new connection)
-    takes milliseconds of event-loop time, and ahead of the runner's timer it delayed the
-    answer past a 500 ms deadline (measured: 10-16 ms, a fresh server whose legs were
-    blocked by a table lock while preparing their statements)."""
-    return budget.remaining() + STATEMENT_TIMEOUT_SLACK_S
-
 
 _EXACT_SCOPE = EXACT_SCOPE
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from memsvc.prefetch import codec
-from memsvc.prefetch.model import EpisodeRecord
+from memsvc.storage.model import EpisodeRecord
 from memsvc.storage.sessions import SessionRow
 from memsvc.v1 import memory_pb2 as pb
 from memsvc.wire.convert import timestamp

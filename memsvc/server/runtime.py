@@ -26,6 +26,7 @@ from memsvc.extraction.base import Extractor
 from memsvc.extraction.factory import build_extractor
 from memsvc.extraction.guardrails import Thresholds
 from memsvc.governance import trust
+from memsvc.governance.compaction import CoreCompactor, CoreLimits, CoreSummarizer
 from memsvc.governance.expiry import ExpirySettings, ExpiryTask
 from memsvc.governance.guard import PiiGuard
 from memsvc.governance.pii import unknown_phone_regions
@@ -35,7 +36,6 @@ from memsvc.ingest.reconcile import mark_stale, reconcile_once
 from memsvc.ingest.service import IngestService
 from memsvc.ingest.worker import OutboxWorker, WorkerSettings
 from memsvc.memories.batch import BatchService
-from memsvc.memories.compaction import CoreCompactor, CoreLimits, CoreSummarizer
 from memsvc.memories.core_blocks import CoreBlockService
 from memsvc.memories.service import MemoryService
 from memsvc.memories.sessions import SessionService

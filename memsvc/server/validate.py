@@ -17,9 +17,9 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from memsvc.config import Settings
 from memsvc.errors import InvalidArgument
 from memsvc.ingest.service import IngestCommand
-from memsvc.memories.normalize import normalize_content
 from memsvc.storage.messages import StoredMessage
 from memsvc.storage.model import ListQuery, NewMemory, Scope, Sharing
+from memsvc.storage.normalize import normalize_content
 from memsvc.v1 import memory_pb2 as pb
 
 DEFAULT_EXPLICIT_CONFIDENCE = 0.9

@@ -1,7 +1,7 @@
 """SQL of the core blocks: revisions of each exact scope's persona and human block.
 
 The current text of a block is its revision with ``replaced_at IS NULL``. Writers call these
-inside their transaction after taking the user's advisory lock (storage.extraction.lock_user),
+inside their transaction after taking the user's advisory lock (storage.locks.lock_user),
 so two writers of one block never both see the same current revision.
 """
 

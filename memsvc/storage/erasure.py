@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from memsvc.storage import changes, messages
 from memsvc.storage.conditions import EXACT_SCOPE
 from memsvc.storage.connection import Connection
-from memsvc.storage.extraction import lock_user
+from memsvc.storage.locks import lock_user
 from memsvc.storage.model import Scope
 
 # Every table with rows about a user (keyed by tenant_id, user_id). Listing them makes

@@ -20,13 +20,6 @@ _EXACT_SCOPE = EXACT_SCOPE
 # Dedup compares against live facts only: an expired one is neither reinforced nor superseded.
 
 
-async def lock_user(conn: Connection, tenant_id: str, user_id: str) -> None:
-    """Serialise one user's extraction transactions (dedup must see the other's facts)."""
-    await conn.execute(
-        "SELECT pg_advisory_xact_lock(hashtextextended($1, 7))", f"{tenant_id}\x1f{user_id}"
-    )
-
-
 async def claim_run(conn: Connection, scope: Scope, ingest_id: uuid.UUID, session_id: str) -> bool:
     """Record that this job's extraction for this speaker is being committed; False if it was.
 

@@ -96,7 +96,7 @@ class MemoryRecord:
     retention_policy: str = "user-controlled"
     # When it expires (never: None); an expired row is never returned.
     expires_at: datetime | None = None
-    # Trust over time (memories.trust) and the core-memory limit (memories.compaction).
+    # Trust over time (governance.trust) and the core-memory limit (governance.compaction).
     last_reinforced_at: datetime | None = None
     last_referenced_at: datetime | None = None
     demoted_at: datetime | None = None
@@ -184,3 +184,20 @@ class ExistingFact:
     similarity: float
     # When the stored fact became true: a statement said before it never replaces it.
     valid_from: datetime | None = None
+
+
+@dataclass(frozen=True)
+class EpisodeRecord:
+    """A finished conversation as extraction summarised it."""
+
+    scope: Scope
+    episode_id: uuid.UUID
+    session_id: str
+    title: str
+    summary: str
+    excerpt: str
+    source_message_ids: tuple[str, ...]
+    started_at: datetime
+    ended_at: datetime
+    # When it expires with its source messages (never: None).
+    expires_at: datetime | None = None

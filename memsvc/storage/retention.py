@@ -17,7 +17,7 @@ import asyncpg
 from memsvc.storage import changes, messages
 from memsvc.storage.conditions import not_expired
 from memsvc.storage.connection import Connection
-from memsvc.storage.extraction import lock_user
+from memsvc.storage.locks import lock_user
 from memsvc.storage.model import Scope
 
 USER_CONTROLLED = "user-controlled"

@@ -22,7 +22,7 @@ import asyncpg
 
 from memsvc.storage.conditions import EXACT_SCOPE, NOT_EXPIRED, not_expired
 from memsvc.storage.connection import Connection
-from memsvc.storage.extraction import lock_user
+from memsvc.storage.locks import lock_user
 from memsvc.storage.model import Scope
 
 

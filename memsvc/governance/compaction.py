@@ -44,14 +44,14 @@ from memsvc.embedding import Embedder, EmbeddingError
 from memsvc.errors import InvalidArgument
 from memsvc.extraction.base import ExtractionError
 from memsvc.governance import trust
-from memsvc.memories.normalize import content_hash, normalize_content
 from memsvc.observability import metrics
 from memsvc.storage import core as store
 from memsvc.storage import core_blocks as blocks_store
 from memsvc.storage.connection import Connection
-from memsvc.storage.extraction import lock_user
+from memsvc.storage.locks import lock_user
 from memsvc.storage.memories import insert_or_reinforce
 from memsvc.storage.model import MemoryRecord, NewMemory, Scope, Sharing
+from memsvc.storage.normalize import content_hash, normalize_content
 
 log = logging.getLogger(__name__)
 
