@@ -21,10 +21,10 @@ import redis.asyncio as aioredis
 from memsvc.cache.keys import user_index_key
 from memsvc.embedding.onnx_minilm import OnnxMiniLMEmbedder
 from memsvc.ingest.payload import JobPayload
-from memsvc.memories.normalize import content_hash
 from memsvc.storage import memories, memory_batches, outbox, versions
 from memsvc.storage.messages import StoredMessage, insert_messages
 from memsvc.storage.model import NewMemory, Scope
+from memsvc.storage.normalize import content_hash
 
 
 async def drop_cached_packets(client: aioredis.Redis, scope: Scope) -> None:
