@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime
 
 import grpc
 import pytest
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from memsvc.v1 import memory_pb2 as pb
 from tests.conftest import Caller
@@ -161,6 +163,21 @@ BAD = [
     (_request(messages=[msg("alice", "x")] * 201), "messages"),
     (
         _request(messages=[pb.Message(message_id="m", sender_id="alice", role=1, text="x")]),
+        "messages[0].sent_at",
+    ),
+    # Issue 31: sent_at follows valid_from's bounds (a message from 2099 is a unit mistake).
+    (
+        _request(
+            messages=[
+                pb.Message(
+                    message_id="m",
+                    sender_id="alice",
+                    role=1,
+                    text="x",
+                    sent_at=Timestamp(seconds=int(datetime(2099, 1, 1, tzinfo=UTC).timestamp())),
+                )
+            ]
+        ),
         "messages[0].sent_at",
     ),
     (_request(messages=[msg("alice", "x", role=0)]), "messages[0].role"),

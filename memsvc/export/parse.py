@@ -222,7 +222,7 @@ def parse_line(number: int, text: str) -> Line | SummaryLine:
     adapter = _ADAPTERS.get(kind) if isinstance(kind, str) else None
     if adapter is None:
         raise InvalidArgument(
-            f"line {number}: unknown record type {str(kind)[:40]!r}; one of " + ", ".join(_ADAPTERS)
+            f"line {number}: type: not a known record type; one of " + ", ".join(_ADAPTERS)
         )
     try:
         record: Line | SummaryLine = adapter.validate_python(obj)

@@ -8,7 +8,7 @@ import math
 import unicodedata
 import uuid
 from collections.abc import Iterable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -16,6 +16,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from memsvc.config import Settings
 from memsvc.errors import InvalidArgument
+from memsvc.governance import time_bounds
 from memsvc.ingest.service import IngestCommand
 from memsvc.memories.normalize import normalize_content
 from memsvc.storage.messages import StoredMessage
@@ -131,19 +132,19 @@ def timestamp(ts: Timestamp, field: str) -> datetime:
     return value
 
 
-# A memory is what holds now: a valid_from later than this allowance for clock skew after the
-# server's clock is a plan, not a memory, and would be stored as active all the same.
-VALID_FROM_FUTURE_SKEW = timedelta(days=1)
-
-
 def valid_from(ts: Timestamp) -> datetime:
-    """When a remembered fact began to hold: from 1900 up to a day after now."""
-    value = timestamp(ts, "valid_from")
-    latest = datetime.now(UTC) + VALID_FROM_FUTURE_SKEW
-    if value > latest:
+    """When a remembered fact began to hold: from 1900 up to a day after now (a fact that
+    only holds later is a plan, not a current memory)."""
+    return bounded_time(ts, "valid_from")
+
+
+def bounded_time(ts: Timestamp, field: str) -> datetime:
+    """A time something happened (governance.time_bounds): from 1900 up to a day after now."""
+    value = timestamp(ts, field)
+    if not time_bounds.within(value):
         raise InvalidArgument(
-            f"valid_from: {value.isoformat()} is in the future; at most 1 day after now "
-            "(a fact that only holds later is not a current memory)"
+            f"{field}: must be {time_bounds.RULE} (a time that has not come yet is not"
+            " something that happened)"
         )
     return value
 
@@ -311,7 +312,7 @@ def ingest(request: pb.IngestRequest, tenant_id: str, settings: Settings) -> Ing
                 ),
                 role=role,
                 text=text,
-                sent_at=timestamp(m.sent_at, f"{field}.sent_at"),
+                sent_at=bounded_time(m.sent_at, f"{field}.sent_at"),
             )
         )
     if len(request.goals) > settings.max_goals:
