@@ -263,12 +263,16 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             scope = validate.scope(
                 request.scope, tenant, self._settings, present=request.HasField("scope")
             )
-            query = validate.list_query(request, self._settings)
+            query = validate.list_query(request, scope, self._settings)
             page = await self._memories.list_page(scope, query, budget)
             return pb.ListMemoriesResponse(
                 memories=[wire.memory(r) for r in page.memories],
                 next_page_token=(
-                    validate.encode_page_token(page.next_after) if page.next_after else ""
+                    validate.encode_page_token(
+                        page.next_after, validate.memories_listing(scope, query)
+                    )
+                    if page.next_after
+                    else ""
                 ),
             )
 
@@ -582,7 +586,9 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             return pb.ListSessionsResponse(
                 sessions=[convert_sessions.session(s) for s in page.sessions],
                 next_page_token=(
-                    validate_sessions.encode_sessions_token(page.next_after)
+                    validate_sessions.encode_sessions_token(
+                        page.next_after, validate_sessions.sessions_listing(query.scope)
+                    )
                     if page.next_after
                     else ""
                 ),
@@ -603,7 +609,10 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             return pb.ListEpisodesResponse(
                 episodes=[convert_sessions.episode(e) for e in page.episodes],
                 next_page_token=(
-                    validate_sessions.encode_episodes_token(page.next_after)
+                    validate_sessions.encode_episodes_token(
+                        page.next_after,
+                        validate_sessions.episodes_listing(query.scope, query.session_id),
+                    )
                     if page.next_after
                     else ""
                 ),

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
+import dataclasses
 import math
 import unicodedata
 import uuid
@@ -11,7 +10,6 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
-import orjson
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from memsvc.config import Settings
@@ -19,6 +17,7 @@ from memsvc.errors import InvalidArgument
 from memsvc.governance import time_bounds
 from memsvc.ingest.service import IngestCommand
 from memsvc.memories.normalize import normalize_content
+from memsvc.server import page_tokens
 from memsvc.storage.messages import StoredMessage
 from memsvc.storage.model import ListQuery, NewMemory, Scope, Sharing
 from memsvc.v1 import memory_pb2 as pb
@@ -224,24 +223,45 @@ def remember(request: pb.RememberRequest, settings: Settings) -> NewMemory:
     )
 
 
-def encode_page_token(after: tuple[datetime, uuid.UUID]) -> str:
-    raw = orjson.dumps([after[0].isoformat(), str(after[1])])
-    return base64.urlsafe_b64encode(raw).decode("ascii")
+_MEMORIES = "memories"
 
 
-def decode_page_token(token: str) -> tuple[datetime, uuid.UUID]:
+def memories_listing(scope: Scope, query: ListQuery) -> str:
+    """The digest a ListMemories page token is bound to: the scope and every filter."""
+    return page_tokens.listing(
+        _MEMORIES,
+        scope.key,
+        query.include_superseded,
+        sorted(query.categories),
+        sorted(query.roles),
+        query.pinned_only,
+        query.session_id,
+    )
+
+
+def encode_page_token(after: tuple[datetime, uuid.UUID], listing: str) -> str:
+    return page_tokens.encode(_MEMORIES, listing, [after[0].isoformat(), str(after[1])])
+
+
+def decode_page_token(token: str, listing: str) -> tuple[datetime, uuid.UUID]:
+    recorded_at, memory_id_text = page_tokens.decode(
+        _MEMORIES, "ListMemories", listing, token, size=2
+    )
     try:
-        recorded_at, memory_id_text = orjson.loads(base64.urlsafe_b64decode(token.encode()))
-        return datetime.fromisoformat(recorded_at), uuid.UUID(memory_id_text)
-    except (binascii.Error, orjson.JSONDecodeError, ValueError, TypeError, UnicodeError):
+        at = datetime.fromisoformat(recorded_at)
+        if at.tzinfo is None:
+            raise ValueError("naive")
+        return at, uuid.UUID(memory_id_text)
+    except ValueError:
         raise InvalidArgument("page_token: not a token returned by ListMemories") from None
 
 
-def list_query(request: pb.ListMemoriesRequest, settings: Settings) -> ListQuery:
+def list_query(request: pb.ListMemoriesRequest, owner: Scope, settings: Settings) -> ListQuery:
+    """The page asked for; a page_token must come from the same scope and filters."""
     if request.page_size < 0 or request.page_size > settings.max_page_size:
         raise InvalidArgument(f"page_size: between 1 and {settings.max_page_size} (0: default)")
     filters = request.filters
-    return ListQuery(
+    query = ListQuery(
         page_size=request.page_size or settings.default_page_size,
         include_superseded=request.include_superseded,
         categories=tuple(
@@ -250,8 +270,11 @@ def list_query(request: pb.ListMemoriesRequest, settings: Settings) -> ListQuery
         roles=tuple(vocabulary(r, "filters.roles", settings.roles, "") for r in filters.roles),
         pinned_only=filters.pinned_only,
         session_id=identifier(filters.session_id, "filters.session_id", settings, required=False),
-        after=decode_page_token(request.page_token) if request.page_token else None,
     )
+    if not request.page_token:
+        return query
+    after = decode_page_token(request.page_token, memories_listing(owner, query))
+    return dataclasses.replace(query, after=after)
 
 
 _MESSAGE_ROLES = {
