@@ -22,7 +22,7 @@ from memsvc.concurrency.loop_lag import LoopLag
 from memsvc.concurrency.single_flight import SingleFlight
 from memsvc.config import ConfigError, Settings
 from memsvc.embedding.base import EmbeddingTimeout
-from memsvc.errors import ResourceExhausted
+from memsvc.errors import DeadlineExceeded, ResourceExhausted
 from memsvc.prefetch import assembly, codec, packet
 from memsvc.prefetch.model import (
     CORE,
@@ -613,6 +613,14 @@ def test_a_read_that_degrades_by_itself_is_gated_on_its_cheapest_answer() -> Non
             limit.slot(0.19, floor_s=0.1),
         ):
             pass
+    # Issue 31: nothing else in flight, and even the cheapest answer does not fit: the
+    # deadline is too short, not the server busy (a retry of the same call cannot help).
+    idle = InFlightLimit(64, queue_share=0.4, clock=clock)
+    with (
+        pytest.raises(DeadlineExceeded, match=r"^deadline: 190 ms left"),
+        idle.slot(0.19, floor_s=0.1),
+    ):
+        pass
     # The fixed cap still holds.
     tight = InFlightLimit(1)
     with (

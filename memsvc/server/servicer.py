@@ -101,6 +101,15 @@ def answer_for(rpc: str, exc: Exception) -> MemsvcError:
     return error
 
 
+def _deadline_too_short(margin_ms: int) -> DeadlineExceeded:
+    """A call that arrives with no more time left than the server keeps back to answer:
+    nothing can be done in it, and it is the deadline that says so, not a busy server."""
+    return DeadlineExceeded(
+        f"deadline: the call arrived with at most {margin_ms} ms left, which this server"
+        " keeps back to send its answer in time; nothing was done; send a longer deadline"
+    )
+
+
 def _metadata(context: Context) -> Metadata:
     return tuple((key, value) for key, value in context.invocation_metadata() or ())
 
@@ -179,6 +188,8 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
                     default_ms=default_deadline_ms,
                     margin_ms=self._settings.deadline_margin_ms,
                 )
+                if budget.expired:
+                    raise _deadline_too_short(self._settings.deadline_margin_ms)
                 async with asyncio.timeout(budget.remaining() + guard_slack_s):
                     return await handler(tenant, budget)
         except Exception as exc:  # every failure is answered with a status: mapped here
