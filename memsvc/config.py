@@ -517,7 +517,8 @@ class Settings:
         "personal data in memories and stored messages: a default action (`store`, `redact`, "
         "`reject`; a message is never refused: `reject` redacts it), then per "
         "kind (`redact,email=store`); kinds: `card_number`, `government_id`, `bank_account`, "
-        "`password`, `one_time_code`, `email`, `phone`; per tenant: `memsvc tenants set --pii`",
+        "`password`, `secret`, `one_time_code`, `email`, `phone`; per tenant: "
+        "`memsvc tenants set --pii`",
     )
     pii_phone_regions: tuple[str, ...] = setting(
         ("US", "GB"),
