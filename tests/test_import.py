@@ -338,6 +338,33 @@ async def test_a_bad_line_is_invalid_argument_naming_it_and_nothing_is_written(
     assert error.code() == C.INVALID_ARGUMENT  # keep_record_scopes with a persona
 
 
+async def test_an_import_error_never_echoes_the_lines_values(
+    caller: Caller, drain: Callable[[], Awaitable[int]]
+) -> None:
+    # Issue 31: errors named the caller's values ("unknown record type 'gizmo'", "'gossip'
+    # is not one of..."); they name the line, the field and the rule only.
+    await seed_alice(caller, drain)
+    good = await export_lines(caller.stub, ALICE)
+    memory = orjson.loads(good[0])
+    summary = orjson.loads(good[-1])
+    mark = f"zqmark{uuid.uuid4().hex[:10]}"
+    bad = [
+        [_line(mark), *good[1:]],
+        [orjson.dumps({**memory, "category": mark}).decode(), *good[1:]],
+        [orjson.dumps({**memory, "role": mark}).decode(), *good[1:]],
+        [orjson.dumps({**memory, "memory_id": f"z{mark}"}).decode(), *good[1:]],
+        [orjson.dumps({**memory, "valid_from": mark}).decode(), *good[1:]],
+        [*good[:-1], orjson.dumps({**summary, "counts": {mark: 1}}).decode()],
+        [*good[:-1], orjson.dumps({**summary, "counts": {mark: "x"}}).decode()],
+    ]
+    for lines in bad:
+        error = await import_error(caller.stub, CAROL, lines)
+        assert error.code() == C.INVALID_ARGUMENT
+        details = error.details() or ""
+        assert details.startswith("line ") and mark not in details, details
+        assert "`z`" not in details, details
+
+
 async def test_the_pii_policy_applies_to_imported_text(caller: Caller, pool: asyncpg.Pool) -> None:
     card = "4111 1111 1111 1111"
     await caller.stub.Ingest(

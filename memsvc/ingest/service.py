@@ -184,7 +184,7 @@ class IngestService:
                 conn, tenant_id, ingest_id, user_id=scope.user_id if scope is not None else None
             )
         if found is None or (scope is not None and found.scope != scope):
-            raise NotFound(f"ingest {ingest_id} not found")
+            raise NotFound("ingest_id: no ingest with this id in this scope")
         return found
 
 

@@ -83,7 +83,7 @@ def vocabulary(value: str, field: str, allowed: tuple[str, ...], default: str) -
         return default
     normalized = value.strip().lower()
     if normalized not in allowed:
-        raise InvalidArgument(f"{field}: unknown value {value[:40]!r}; one of {', '.join(allowed)}")
+        raise InvalidArgument(f"{field}: not one of {', '.join(allowed)}")
     return normalized
 
 
@@ -116,7 +116,7 @@ def memory_id(value: str, field: str = "memory_id") -> uuid.UUID:
     try:
         return uuid.UUID(value)
     except ValueError:
-        raise InvalidArgument(f"{field}: {value[:60]!r} is not a memory id (a UUID)") from None
+        raise InvalidArgument(f"{field}: not a memory id (a UUID)") from None
 
 
 def timestamp(ts: Timestamp, field: str) -> datetime:
@@ -194,11 +194,9 @@ def retention(request: pb.RememberRequest, session_id: str, settings: Settings) 
             raise InvalidArgument("ttl: not a valid duration (seconds and nanos disagree)")
         seconds = ttl.seconds + ttl.nanos / 1e9
         if not MIN_TTL_S <= seconds <= MAX_TTL_S:
-            raise InvalidArgument(
-                f"ttl: between {MIN_TTL_S} s and 10 years ({MAX_TTL_S} s), got {seconds:g} s"
-            )
+            raise InvalidArgument(f"ttl: between {MIN_TTL_S} s and 10 years ({MAX_TTL_S} s)")
         return {"retention_policy": "ttl", "expires_in_s": seconds}
-    raise InvalidArgument(f"retention_policy: unknown value {policy}")
+    raise InvalidArgument("retention_policy: unknown value; not a RetentionPolicy")
 
 
 def remember(request: pb.RememberRequest, settings: Settings) -> NewMemory:
@@ -311,7 +309,9 @@ def ingest(request: pb.IngestRequest, tenant_id: str, settings: Settings) -> Ing
         field = f"messages[{i}]"
         message_id = identifier(m.message_id, f"{field}.message_id", settings, required=True)
         if message_id in seen:
-            raise InvalidArgument(f"{field}.message_id: {message_id!r} appears twice in this call")
+            raise InvalidArgument(
+                f"{field}.message_id: the same as an earlier message's in this call"
+            )
         seen.add(message_id)
         role = _MESSAGE_ROLES.get(m.role)
         if role is None:
@@ -367,4 +367,4 @@ def ingest_id(value: str) -> uuid.UUID:
     try:
         return uuid.UUID(value)
     except ValueError:
-        raise InvalidArgument(f"ingest_id: {value[:60]!r} is not an ingest id") from None
+        raise InvalidArgument("ingest_id: not an ingest id (a UUID)") from None
