@@ -18,7 +18,7 @@ from spacy.tokens import Span, Token
 
 from memsvc.extraction.dates import ResolvedDate, day_text, is_relative, resolve
 from memsvc.extraction.predicates import REQUEST_VERBS
-from memsvc.governance.pii import placeholder_spans
+from memsvc.governance.placeholders import placeholder_spans
 
 FIRST_SINGULAR = frozenset({"i", "me", "my", "mine", "myself"})
 FIRST_PLURAL = frozenset({"we", "us", "our", "ours", "ourselves"})
