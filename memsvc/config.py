@@ -335,7 +335,11 @@ class Settings:
         "a user with at most this many rows in a table gets exact nearest neighbours; above, "
         "HNSW with iterative scan",
     )
-    query_embed_cache_size: int = setting(4_096, "query embeddings kept in the in-process LRU")
+    query_embed_cache_size: int = setting(
+        4_096,
+        "query embeddings kept in the in-process LRU (keyed by tenant: a tenant never hits"
+        " another's entry, whose speed would tell it the text was asked)",
+    )
     reads_max_in_flight: int = setting(
         32, "concurrent Recall + Prefetch per process; beyond, `RESOURCE_EXHAUSTED` at once"
     )
@@ -513,7 +517,8 @@ class Settings:
         "personal data in memories and stored messages: a default action (`store`, `redact`, "
         "`reject`; a message is never refused: `reject` redacts it), then per "
         "kind (`redact,email=store`); kinds: `card_number`, `government_id`, `bank_account`, "
-        "`password`, `one_time_code`, `email`, `phone`; per tenant: `memsvc tenants set --pii`",
+        "`password`, `secret`, `one_time_code`, `email`, `phone`; per tenant: "
+        "`memsvc tenants set --pii`",
     )
     pii_phone_regions: tuple[str, ...] = setting(
         ("US", "GB"),

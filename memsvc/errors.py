@@ -35,6 +35,12 @@ class FailedPrecondition(MemsvcError):
     code = grpc.StatusCode.FAILED_PRECONDITION
 
 
+class AlreadyExists(MemsvcError):
+    """The request names something (an idempotency key) already used for another request."""
+
+    code = grpc.StatusCode.ALREADY_EXISTS
+
+
 class Unauthenticated(MemsvcError):
     """No valid API key was presented."""
 

@@ -195,6 +195,39 @@ async def test_list_pages_and_filters(caller: Caller) -> None:
     assert {m.content for m in goals} == {f"fact number {i}" for i in (0, 2, 4, 6)}
 
 
+async def test_a_page_token_only_continues_its_own_listing(caller: Caller) -> None:
+    """Issue 31: a token is bound to its scope and filters; with others it was a position in
+    a listing it did not come from (rows skipped or repeated without a word)."""
+    for i in range(3):
+        await remember(caller, f"alice fact {i}", category="goal")
+        await caller.stub.Remember(
+            pb.RememberRequest(scope=scope(persona="nova"), content=f"nova fact {i}")
+        )
+    first = await caller.stub.ListMemories(pb.ListMemoriesRequest(scope=scope(), page_size=1))
+    token = first.next_page_token
+    assert token
+    same = await caller.stub.ListMemories(
+        pb.ListMemoriesRequest(scope=scope(), page_size=2, page_token=token)
+    )
+    assert len(same.memories) == 2
+    for other in (
+        {"scope": scope(persona="nova")},
+        {"scope": scope(user="bob")},
+        {"scope": scope(), "include_superseded": True},
+        {"scope": scope(), "filters": pb.MemoryFilters(categories=["goal"])},
+        {"scope": scope(), "filters": pb.MemoryFilters(pinned_only=True)},
+        {"scope": scope(), "filters": pb.MemoryFilters(session_id="s1")},
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await caller.stub.ListMemories(
+                pb.ListMemoriesRequest(page_size=1, page_token=token, **other)  # type: ignore[arg-type]
+            )
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, other
+        details = err.value.details() or ""
+        assert details.startswith("page_token: returned for another listing"), details
+        assert token not in details
+
+
 async def test_list_pinned_and_session_filters(caller: Caller) -> None:
     await remember(caller, "pinned one", pinned=True, session_id="s-a")
     await remember(caller, "loose one", session_id="s-b")

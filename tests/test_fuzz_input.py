@@ -62,6 +62,8 @@ PER_METHOD = {
     "Forget": {C.NOT_FOUND},
     "GetMemoryHistory": {C.NOT_FOUND},
     "GetIngestStatus": {C.NOT_FOUND},
+    # An idempotency key this user already used for a different request.
+    "Ingest": {C.ALREADY_EXISTS},
     # A session this scope never had (or one already forgotten).
     "ForgetSession": {C.NOT_FOUND},
     # A stale expected_revision, or an APPEND past the block's limit.

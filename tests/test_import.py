@@ -277,7 +277,7 @@ async def test_a_bad_line_is_invalid_argument_naming_it_and_nothing_is_written(
     without_content = {k: v for k, v in memory.items() if k != "content"}
     cases = {
         "line 2: not valid JSON": [good[0], "{not json", *good[1:]],
-        "line 2: unknown record type 'gizmo'": [good[0], _line("gizmo"), *good[1:]],
+        "line 2: type: not a known record type": [good[0], _line("gizmo"), *good[1:]],
         "line 1: memory.content: Field required": [
             orjson.dumps(without_content).decode(),
             *good[1:],
@@ -291,16 +291,38 @@ async def test_a_bad_line_is_invalid_argument_naming_it_and_nothing_is_written(
             orjson.dumps({**memory, "valid_from": "2026-11-01T09:00:00"}).decode(),
             *good[1:],
         ],
-        "line 1: memory.category: 'gossip' is not one of this server's category values": [
+        "line 1: memory.category: not one of this server's category values": [
             orjson.dumps({**memory, "category": "gossip"}).decode(),
             *good[1:],
         ],
-        "line 1: memory.role: 'hero' is not one of this server's role values": [
+        "line 1: memory.role: not one of this server's role values": [
             orjson.dumps({**memory, "role": "hero"}).decode(),
             *good[1:],
         ],
         "line 1: a text holds a NUL": [
             orjson.dumps({**memory, "content": "a\u0000b"}).decode(),
+            *good[1:],
+        ],
+        # Issue 31: Import skipped the checks Remember and Ingest apply.
+        "line 1: memory.content: at most 2000 characters": [
+            orjson.dumps({**memory, "content": "x" * 2_001}).decode(),
+            *good[1:],
+        ],
+        "line 1: memory.valid_from: must be from 1900 up to 1 day after now": [
+            orjson.dumps({**memory, "valid_from": "2199-01-01T00:00:00Z"}).decode(),
+            *good[1:],
+        ],
+        "line 1: memory.recorded_at: must be from 1900 up to 1 day after now": [
+            orjson.dumps({**memory, "recorded_at": "2199-01-01T00:00:00Z"}).decode(),
+            *good[1:],
+        ],
+        "line 1: memory.supersedes_id: names no memory": [
+            orjson.dumps({**memory, "supersedes_id": str(uuid.uuid4())}).decode(),
+            *good[1:],
+        ],
+        # Alice's own memory id, claimed for carol (ids are kept for the export's user).
+        "line 1: memory.memory_id: already the id of a memory in another scope": [
+            orjson.dumps({**memory, "scope": {**memory["scope"], "user_id": "carol"}}).decode(),
             *good[1:],
         ],
     }
@@ -314,6 +336,33 @@ async def test_a_bad_line_is_invalid_argument_naming_it_and_nothing_is_written(
     assert (error.details() or "").startswith("scope: required")
     error = await import_error(caller.stub, pb.Scope(user_id="carol", persona_id="p1"), good)
     assert error.code() == C.INVALID_ARGUMENT  # keep_record_scopes with a persona
+
+
+async def test_an_import_error_never_echoes_the_lines_values(
+    caller: Caller, drain: Callable[[], Awaitable[int]]
+) -> None:
+    # Issue 31: errors named the caller's values ("unknown record type 'gizmo'", "'gossip'
+    # is not one of..."); they name the line, the field and the rule only.
+    await seed_alice(caller, drain)
+    good = await export_lines(caller.stub, ALICE)
+    memory = orjson.loads(good[0])
+    summary = orjson.loads(good[-1])
+    mark = f"zqmark{uuid.uuid4().hex[:10]}"
+    bad = [
+        [_line(mark), *good[1:]],
+        [orjson.dumps({**memory, "category": mark}).decode(), *good[1:]],
+        [orjson.dumps({**memory, "role": mark}).decode(), *good[1:]],
+        [orjson.dumps({**memory, "memory_id": f"z{mark}"}).decode(), *good[1:]],
+        [orjson.dumps({**memory, "valid_from": mark}).decode(), *good[1:]],
+        [*good[:-1], orjson.dumps({**summary, "counts": {mark: 1}}).decode()],
+        [*good[:-1], orjson.dumps({**summary, "counts": {mark: "x"}}).decode()],
+    ]
+    for lines in bad:
+        error = await import_error(caller.stub, CAROL, lines)
+        assert error.code() == C.INVALID_ARGUMENT
+        details = error.details() or ""
+        assert details.startswith("line ") and mark not in details, details
+        assert "`z`" not in details, details
 
 
 async def test_the_pii_policy_applies_to_imported_text(caller: Caller, pool: asyncpg.Pool) -> None:

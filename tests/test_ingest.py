@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime
 
 import grpc
 import pytest
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from memsvc.v1 import memory_pb2 as pb
 from tests.conftest import Caller
@@ -40,12 +42,68 @@ async def test_ingest_stores_messages_and_one_job_only(caller: Caller, pool) -> 
 
 
 async def test_repeated_key_returns_the_first_id_and_writes_nothing(caller: Caller, pool) -> None:  # type: ignore[no-untyped-def]
-    first = await ingest(caller, [msg("alice", "hello there", message_id="a1")], key="k-1")
-    again = await ingest(caller, [msg("alice", "a different message", message_id="a2")], key="k-1")
+    sent = [msg("alice", "hello there", message_id="a1")]
+    first = await ingest(caller, sent, key="k-1")
+    again = await ingest(caller, sent, key="k-1")  # a retry: the same request
     assert again.duplicate and again.ingest_id == first.ingest_id
     assert (again.accepted, again.dropped) == (0, 0)
     counts = await table_counts(pool, caller.tenant_id)
     assert counts["messages"] == 1 and counts["ingest_outbox"] == 1
+
+
+async def test_a_key_is_per_user_and_another_users_key_never_drops_messages(
+    caller: Caller,
+    pool,  # type: ignore[no-untyped-def]
+) -> None:
+    """Issue 31: user B's Ingest with the key user A used answered A's ingest_id with
+    duplicate=true, and B's message was never stored (one node kept keys per tenant)."""
+    a = await ingest(caller, [msg("alice", "I live in Lisbon", message_id="a1")], key="call-1")
+    b = await ingest(
+        caller, [msg("bob", "I live in Porto", message_id="b1")], user="bob", key="call-1"
+    )
+    assert not b.duplicate and b.ingest_id != a.ingest_id and b.accepted == 1
+    got = await caller.stub.GetIngestStatus(
+        pb.GetIngestStatusRequest(ingest_id=b.ingest_id, scope=pb.Scope(user_id="bob"))
+    )
+    assert got.session_id == "s1"
+    async with pool.acquire() as conn:
+        users = await conn.fetch(
+            "SELECT user_id, count(*) AS n FROM messages WHERE tenant_id = $1 GROUP BY 1",
+            caller.tenant_id,
+        )
+    assert {r["user_id"]: r["n"] for r in users} == {"alice": 1, "bob": 1}
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"messages": [msg("alice", "a different message", message_id="a2")]},
+        {"session": "s2"},
+        {"persona": "coach"},
+        {"agent": "agent-7"},
+        {"goals": ["run a marathon"]},
+        {"end_of_session": True},
+    ],
+    ids=["messages", "session", "persona", "agent", "goals", "end_of_session"],
+)
+async def test_a_key_reused_for_a_different_request_is_already_exists(
+    caller: Caller,
+    pool,  # type: ignore[no-untyped-def]
+    change: dict[str, object],
+) -> None:
+    """Issue 31: a key reused with a different scope or messages answered duplicate=true
+    with the first ingest; now ALREADY_EXISTS naming the key (not its value), nothing written."""
+    sent = [msg("alice", "hello there", message_id="a1")]
+    await ingest(caller, sent, key="secret-key-value-17")
+    before = await table_counts(pool, caller.tenant_id)
+    fields: dict[str, object] = {"messages": sent, **change}
+    messages = fields.pop("messages")
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await ingest(caller, messages, key="secret-key-value-17", **fields)  # type: ignore[arg-type]
+    assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    details = err.value.details() or ""
+    assert "idempotency_key" in details and "secret-key-value-17" not in details
+    assert await table_counts(pool, caller.tenant_id) == before
 
 
 async def test_resent_messages_are_dropped_not_duplicated(caller: Caller, pool) -> None:  # type: ignore[no-untyped-def]
@@ -105,6 +163,21 @@ BAD = [
     (_request(messages=[msg("alice", "x")] * 201), "messages"),
     (
         _request(messages=[pb.Message(message_id="m", sender_id="alice", role=1, text="x")]),
+        "messages[0].sent_at",
+    ),
+    # Issue 31: sent_at follows valid_from's bounds (a message from 2099 is a unit mistake).
+    (
+        _request(
+            messages=[
+                pb.Message(
+                    message_id="m",
+                    sender_id="alice",
+                    role=1,
+                    text="x",
+                    sent_at=Timestamp(seconds=int(datetime(2099, 1, 1, tzinfo=UTC).timestamp())),
+                )
+            ]
+        ),
         "messages[0].sent_at",
     ),
     (_request(messages=[msg("alice", "x", role=0)]), "messages[0].role"),

@@ -7,6 +7,7 @@ import uuid
 import grpc
 import pytest
 
+from memsvc.observability import metrics
 from memsvc.v1 import memory_pb2 as pb
 from tests.conftest import Caller
 from tests.read_helpers import prefetch, recall
@@ -201,3 +202,28 @@ async def test_human_sharing_never_reaches_a_persona_scope(caller: Caller) -> No
     )
     for sc in (scope(persona="nova"), scope(persona="nova", agent="bot-1")):
         await assert_unseen(caller, sc, query, "Lisbon")
+
+
+def _query_embeddings() -> float:
+    """Texts the query embedder ran through the model (cache misses), all tenants."""
+    return sum(
+        sample.value
+        for metric in metrics.EMBED_TEXTS.collect()
+        for sample in metric.samples
+        if sample.name.endswith("_total") and sample.labels.get("where") == "query"
+    )
+
+
+async def test_the_query_embedding_cache_is_per_tenant(new_caller) -> None:  # type: ignore[no-untyped-def]
+    """Issue 31: the cache was keyed by (model, text) for every tenant, so tenant A's query
+    answered from it (embed_ms about 0.01 against 4-9 ms) told A that tenant B had asked
+    the same text. Now A's first asking of B's text runs the model again."""
+    a: Caller = await new_caller()
+    b: Caller = await new_caller()
+    text = f"is the divorce of patient {uuid.uuid4().hex[:6]} final yet"
+    await recall(b, text)
+    before = _query_embeddings()
+    await recall(a, text)
+    assert _query_embeddings() == before + 1  # embedded for A: no hit on B's entry
+    await recall(a, text)
+    assert _query_embeddings() == before + 1  # A's own entry: a hit

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 import asyncpg
 import grpc
 import pytest
+from google.protobuf.field_mask_pb2 import FieldMask
 
 from memsvc.observability import log_format
 from memsvc.server.app import MemsvcServer
@@ -152,3 +153,131 @@ async def test_screened_personal_data_never_reaches_a_log_or_an_error(
         everything += [log_format.JsonFormatter().format(record)]
     for secret in (card, card.replace(" ", ""), email, phone):
         assert [line for line in everything if secret in line] == [], secret
+
+
+async def test_errors_never_echo_the_callers_field_values(
+    caplog: pytest.LogCaptureFixture, caller: Caller
+) -> None:
+    """Issue 31: `Remember{category: "4111111111111111 123-45-6789"}` answered `unknown
+    value '4111111111111111 123-45-6789'`; memory_id, ingest_id and other errors did the
+    same. An error names the field and the rule; the caller's value is in neither the answer
+    nor the server's log."""
+    mark = f"zqmark{uuid.uuid4().hex[:10]}"
+    card_and_ssn = f"4111111111111111 123-45-6789 {mark}"
+    ids = [str(uuid.uuid4()) for _ in range(6)]
+    enum_value = 987_654_321
+    caplog.set_level(logging.DEBUG)
+    stub = caller.stub
+    errors: list[str] = []
+    C = grpc.StatusCode
+
+    async def failing(call: Awaitable[object], code: grpc.StatusCode) -> None:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await call
+        assert err.value.code() == code, err.value.details()
+        errors.append(err.value.details() or "")
+        errors.append(repr(err.value.trailing_metadata()))
+
+    def remember(**fields: object) -> Awaitable[object]:
+        return stub.Remember(pb.RememberRequest(scope=ALICE, content="x", **fields))  # type: ignore[arg-type]
+
+    await failing(remember(category=card_and_ssn), C.INVALID_ARGUMENT)
+    await failing(remember(role=mark), C.INVALID_ARGUMENT)
+    await failing(remember(retention_policy=enum_value), C.INVALID_ARGUMENT)
+    await failing(
+        stub.Remember(pb.RememberRequest(scope=pb.Scope(user_id=f"{mark}\x07"), content="x")),
+        C.INVALID_ARGUMENT,
+    )
+    await failing(
+        stub.Correct(pb.CorrectRequest(scope=ALICE, memory_id=mark, new_content="y")),
+        C.INVALID_ARGUMENT,
+    )
+    await failing(
+        stub.Correct(pb.CorrectRequest(scope=ALICE, memory_id=ids[0], new_content="y")),
+        C.NOT_FOUND,
+    )
+    await failing(stub.GetMemory(pb.GetMemoryRequest(scope=ALICE, memory_id=ids[1])), C.NOT_FOUND)
+    await failing(
+        stub.GetMemoryHistory(pb.GetMemoryHistoryRequest(scope=ALICE, memory_id=ids[2])),
+        C.NOT_FOUND,
+    )
+    await failing(stub.Forget(pb.ForgetRequest(scope=ALICE, memory_ids=[ids[3]])), C.NOT_FOUND)
+    await failing(
+        stub.GetIngestStatus(pb.GetIngestStatusRequest(scope=ALICE, ingest_id=mark)),
+        C.INVALID_ARGUMENT,
+    )
+    await failing(
+        stub.GetIngestStatus(pb.GetIngestStatusRequest(scope=ALICE, ingest_id=ids[4])),
+        C.NOT_FOUND,
+    )
+    await failing(
+        stub.ForgetSession(pb.ForgetSessionRequest(scope=ALICE, session_id=mark)), C.NOT_FOUND
+    )
+    await failing(
+        stub.UpdateMemory(
+            pb.UpdateMemoryRequest(
+                scope=ALICE, memory_id=ids[5], update_mask=FieldMask(paths=[mark]), reason="r"
+            )
+        ),
+        C.INVALID_ARGUMENT,
+    )
+    await failing(
+        stub.UpdateCoreBlock(
+            pb.UpdateCoreBlockRequest(
+                scope=ALICE,
+                block=pb.CORE_BLOCK_KIND_HUMAN,
+                mode=pb.CORE_BLOCK_MODE_REPLACE,
+                text="t",
+                author=f"{mark} !",
+            )
+        ),
+        C.INVALID_ARGUMENT,
+    )
+    await failing(
+        stub.UpdateCoreBlock(
+            pb.UpdateCoreBlockRequest(scope=ALICE, block=enum_value, mode=1, text="t")  # type: ignore[arg-type]
+        ),
+        C.INVALID_ARGUMENT,
+    )
+    await failing(
+        stub.Recall(pb.RecallRequest(scope=ALICE, query="q", mode=enum_value)),  # type: ignore[arg-type]
+        C.INVALID_ARGUMENT,
+    )
+    await failing(
+        stub.ListMemories(pb.ListMemoriesRequest(scope=ALICE, page_token=mark)), C.INVALID_ARGUMENT
+    )
+    await failing(
+        stub.ListMemories(
+            pb.ListMemoriesRequest(scope=ALICE, filters=pb.MemoryFilters(categories=[mark]))
+        ),
+        C.INVALID_ARGUMENT,
+    )
+    twice = [msg("alice", "a", message_id=mark), msg("alice", "b", message_id=mark)]
+    await failing(
+        stub.Ingest(
+            pb.IngestRequest(scope=ALICE, session_id="s", idempotency_key="k", messages=twice)
+        ),
+        C.INVALID_ARGUMENT,
+    )
+    first = [msg("alice", "I live in Lisbon")]
+    await stub.Ingest(
+        pb.IngestRequest(scope=ALICE, session_id="s", idempotency_key=mark, messages=first)
+    )
+    await failing(
+        stub.Ingest(
+            pb.IngestRequest(
+                scope=ALICE,
+                session_id="s",
+                idempotency_key=mark,
+                messages=[msg("alice", "I live in Porto")],
+            )
+        ),
+        C.ALREADY_EXISTS,
+    )
+
+    everything = [caplog.text, *errors]
+    for record in caplog.records:
+        everything += [log_format.JsonFormatter().format(record)]
+    for value in (mark, "4111111111111111", "123-45-6789", *ids, str(enum_value)):
+        leaks = [line for line in everything if value in line]
+        assert leaks == [], (value, leaks)

@@ -27,6 +27,12 @@ CARD = "4111 1111 1111 1111"
 PHONE = "(415) 555-0132"
 EMAIL = "alice.smith@example.com"
 ALICE = pb.Scope(user_id="alice")
+STRIPE = "sk_live_4eC39HqLyjWDarjtT1zdp7dc"
+AWS_ID = "AKIAIOSFODNN7EXAMPLE"
+AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+GITHUB = "ghp_1234567890abcdefghijklmnopqrstuvwxyzAB"
+SLACK = "xoxb-123456789012-1234567890123-AbCdEfGhIjKlMnOpQrStUvWx"
+PRIVATE_KEY = "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA7x\n-----END RSA PRIVATE KEY-----"
 
 # (text, kind, the clear value that must disappear)
 POSITIVES = [
@@ -50,6 +56,24 @@ POSITIVES = [
     ("the wifi password is 'correct horse battery'", "password", "correct horse battery"),
     ("PIN is 1234", "password", "1234"),
     ("the door code is 4821", "password", "4821"),
+    # Issue 31: credentials of the common providers were stored in clear.
+    ("my stripe key is sk_live_4eC39HqLyjWDarjtT1zdp7dc, keep it", "secret", STRIPE),
+    ("test with sk_test_51H8abcdEFGHijklMNOP1234", "secret", "sk_test_51H8abcdEFGHijklMNOP1234"),
+    (f"aws key {AWS_ID} secret {AWS_SECRET}", "secret", AWS_ID),
+    (f"my token is {GITHUB}", "secret", GITHUB),
+    (
+        "use github_pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyz",
+        "secret",
+        "github_pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyz",
+    ),
+    (f"the slack bot token {SLACK}", "secret", SLACK),
+    (
+        "openai sk-proj-abcdefghijklmnopqrstuvwxyz123456",
+        "secret",
+        "sk-proj-abcdefghijklmnopqrstuvwxyz123456",
+    ),
+    ("the api key is 9f8e7d6c5b4a3f2e1d0c", "secret", "9f8e7d6c5b4a3f2e1d0c"),
+    (f"here: {PRIVATE_KEY} done", "secret", PRIVATE_KEY),
     ("verification code 482913", "one_time_code", "482913"),
     ("OTP: 4821", "one_time_code", "4821"),
     ("the code they sent me is 482 913", "one_time_code", "482 913"),
@@ -110,6 +134,14 @@ NEAR_MISSES = [
     "my phone is broken",
     "@alice on twitter",
     "my combination of skills",
+    # Not credentials: words after "secret" or "token", prefixes without a key.
+    "my secret is that I love cake",
+    "the secret ingredient is love",
+    "the token is expired",
+    "I bought tokens for the arcade",
+    "ask_live_abcdefghijklm",
+    "task-1234567890abcdefghijk",
+    "my api key is in the vault",
 ]
 
 
@@ -183,10 +215,28 @@ def test_labels_are_visible_and_each_span_is_replaced() -> None:
         "[redacted government id]",
         "[redacted bank account]",
         "[redacted password]",
+        "[redacted secret]",
         "[redacted one-time code]",
         "[redacted email]",
         "[redacted phone number]",
     ]
+
+
+def test_an_aws_key_pair_is_redacted_whole() -> None:
+    for between in (" secret ", " / ", " with secret key: ", "\n"):
+        text = f"{AWS_ID}{between}{AWS_SECRET}"
+        screened = pii.screen(text, REDACT_ALL)
+        assert AWS_ID not in screened.text and AWS_SECRET not in screened.text, screened.text
+        assert screened.redactions == ("secret",)
+
+
+def test_damaged_placeholders_still_name_their_kind() -> None:
+    # A parser that edited inside a placeholder leaves its first word: still that kind.
+    assert pii.placeholder_kinds("SSN [redacted government the userd]") == ("government_id",)
+    assert pii.placeholder_kinds("[ redacted secret") == ("secret",)
+    assert pii.placeholder_kinds("I redacted email addresses") == ()
+    # The placeholders module (kept light for the parser process) knows every kind, in order.
+    assert tuple(pii.LABELS) == PII_KINDS and tuple(pii.NOUNS) == PII_KINDS
 
 
 def test_policy_actions() -> None:
@@ -478,3 +528,101 @@ async def test_ingest_under_store_keeps_ordinary_facts_but_not_core_ones(
     contents = await _contents(caller)
     assert f"The user wants to call their mom at {PHONE}." in contents
     assert "The user's card number is [redacted card number]." in contents  # role core
+
+
+# -- issue 31: secrets, atomic placeholders ------------------------------------------------
+
+
+async def _everything_stored(pool: asyncpg.Pool, tenant: str) -> str:
+    """Every row of every table the tenant has rows in, as text: each stored copy."""
+    tables = await pool.fetch(
+        "SELECT table_name FROM information_schema.columns"
+        " WHERE column_name = 'tenant_id' AND table_schema = 'public'"
+    )
+    out = []
+    for t in tables:
+        rows = await pool.fetch(
+            f"SELECT t::text AS row FROM {t['table_name']} t WHERE tenant_id = $1", tenant
+        )
+        out += [r["row"] for r in rows]
+    return "\n".join(out)
+
+
+SECRET_TURNS = (
+    f"My Stripe live key is {STRIPE}, and I keep it in my notes.",
+    f"The AWS access key is {AWS_ID} with secret {AWS_SECRET} for my backups.",
+    f"Remember that my GitHub token is {GITHUB}",
+)
+SECRETS = (STRIPE, AWS_ID, AWS_SECRET, GITHUB, "4eC39HqLyjWD", "K7MDENG")
+
+
+async def test_secrets_are_never_stored_in_clear(
+    caller: Caller, pool: asyncpg.Pool, drain: Callable[[], Awaitable[int]]
+) -> None:
+    # Issue 31: API keys and tokens in an utterance ended up in facts, messages, episode
+    # excerpts and core blocks: there was no PII kind for them.
+    reply = await ingest(caller, [msg("alice", t) for t in SECRET_TURNS], end_of_session=True)
+    assert reply.redacted == 3
+    remembered = await caller.stub.Remember(
+        pb.RememberRequest(scope=ALICE, content=f"Deploy key: sk_test_{STRIPE[8:]} for staging")
+    )
+    assert "[redacted secret]" in remembered.memory.content
+    block = await caller.stub.UpdateCoreBlock(
+        pb.UpdateCoreBlockRequest(
+            scope=ALICE,
+            block=pb.CORE_BLOCK_KIND_HUMAN,
+            mode=pb.CORE_BLOCK_MODE_REPLACE,
+            text=f"Alice's CI token is {GITHUB}.",
+        )
+    )
+    assert "[redacted secret]" in block.block.text
+    assert await drain() >= 1
+    assert (await _status(caller, reply.ingest_id)).redacted >= 1
+    stored = await _everything_stored(pool, caller.tenant_id)
+    assert "[redacted secret]" in stored
+    leaked = [s for s in SECRETS if s in stored]
+    assert leaked == []
+
+
+async def test_reject_secret_refuses_remember_without_echoing_it(
+    caller: Caller, server: MemsvcServer, pool: asyncpg.Pool
+) -> None:
+    await _policy(server, pool, caller, "redact,secret=reject")
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await caller.stub.Remember(pb.RememberRequest(scope=ALICE, content=f"key {STRIPE}"))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    details = err.value.details() or ""
+    assert "API key" in details and STRIPE not in details
+    assert await _contents(caller) == []
+
+
+async def test_a_placeholder_is_atomic_and_reject_holds_for_it(
+    caller: Caller, server: MemsvcServer, pool: asyncpg.Pool, drain: Callable[[], Awaitable[int]]
+) -> None:
+    # Issue 31: the extractor rendered "[redacted government id]" as "[redacted government
+    # the userd]" (spaCy reads "id" as "I'd"), so with government_id=reject the fact was no
+    # longer recognised as holding that kind and was stored.
+    said = "My SSN is 219-44-1234 and I live in Lisbon."
+    reply = await ingest(caller, [msg("alice", said)])
+    assert await drain() >= 1
+    assert "The user's SSN is [redacted government id] and the user lives in Lisbon." in (
+        await _contents(caller)
+    )
+    await _policy(server, pool, caller, "redact,government_id=reject")
+    other = await ingest(
+        caller,
+        [msg("bob", "My passport number is X1234567, I'd renew it soon.")],
+        user="bob",
+    )
+    assert await drain() >= 1
+    outcome = (
+        await caller.stub.GetIngestStatus(
+            pb.GetIngestStatusRequest(ingest_id=other.ingest_id, scope=pb.Scope(user_id="bob"))
+        )
+    ).outcome
+    assert outcome.pii_rejected >= 1
+    stored = await _everything_stored(pool, caller.tenant_id)
+    assert "userd" not in stored
+    bob = await caller.stub.ListMemories(pb.ListMemoriesRequest(scope=pb.Scope(user_id="bob")))
+    assert all("redacted" not in m.content for m in bob.memories), bob.memories
+    assert reply.ingest_id

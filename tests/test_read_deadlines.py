@@ -432,3 +432,29 @@ async def test_a_busy_embedder_sends_a_new_recall_to_the_lexical_leg_at_once(
     assert elapsed < 0.9
     for done in await asyncio.gather(*ahead):
         assert not done.degraded  # the queued ones were embedded within their 5 s
+
+
+async def test_a_deadline_too_short_to_do_anything_says_so_not_busy(
+    caller: Caller, start_server: StartServer
+) -> None:
+    # Issue 31: a Recall with a 1 ms deadline on an idle server answered "this server is
+    # busy, retry shortly" (RESOURCE_EXHAUSTED): a client would retry the same doomed call.
+    # Here the server keeps 400 ms back to answer, so a 300 ms deadline is spent on arrival
+    # while the answer still reaches the caller in time.
+    query = await seeded(caller)
+    _srv, channel = await start_server(deadline_margin_ms=400, prefetch_default_deadline_ms=1000)
+    stub = stub_for(channel, caller)
+    warm = await stub.Recall(pb.RecallRequest(scope=pscope(), query=query), timeout=5)
+    assert warm.items  # the read path has run once: its cheapest answer has a cost now
+    calls = {
+        "Recall": stub.Recall(pb.RecallRequest(scope=pscope(), query=query), timeout=0.3),
+        "Prefetch": stub.Prefetch(pb.PrefetchRequest(scope=pscope(), hint=query), timeout=0.3),
+        "Remember": stub.Remember(
+            pb.RememberRequest(scope=pscope(), content="Owns a red bicycle"), timeout=0.3
+        ),
+    }
+    for rpc, call in calls.items():
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await call
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED, (rpc, err.value.details())
+        assert (err.value.details() or "").startswith("deadline:"), (rpc, err.value.details())

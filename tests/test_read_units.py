@@ -22,7 +22,7 @@ from memsvc.concurrency.loop_lag import LoopLag
 from memsvc.concurrency.single_flight import SingleFlight
 from memsvc.config import ConfigError, Settings
 from memsvc.embedding.base import EmbeddingTimeout
-from memsvc.errors import ResourceExhausted
+from memsvc.errors import DeadlineExceeded, ResourceExhausted
 from memsvc.prefetch import assembly, codec, packet
 from memsvc.prefetch.model import (
     CORE,
@@ -247,17 +247,20 @@ def test_post_filter(
 
 def test_embedding_lru_evicts_least_recent_and_freezes_vectors() -> None:
     lru = EmbeddingLRU(2)
-    lru.put("m", "a", np.ones(3, dtype=np.float32))
-    lru.put("m", "b", np.ones(3, dtype=np.float32))
-    assert lru.get("m", "a") is not None  # a is now the most recent
-    lru.put("m", "c", np.ones(3, dtype=np.float32))
-    assert lru.get("m", "b") is None and lru.get("m", "a") is not None and len(lru) == 2
-    assert lru.get("other-model", "a") is None
-    vector = lru.get("m", "c")
+    lru.put("t", "m", "a", np.ones(3, dtype=np.float32))
+    lru.put("t", "m", "b", np.ones(3, dtype=np.float32))
+    assert lru.get("t", "m", "a") is not None  # a is now the most recent
+    lru.put("t", "m", "c", np.ones(3, dtype=np.float32))
+    assert lru.get("t", "m", "b") is None and lru.get("t", "m", "a") is not None
+    assert len(lru) == 2
+    assert lru.get("t", "other-model", "a") is None
+    # Another tenant's identical text is not a hit: a hit's speed would tell it was asked.
+    assert lru.get("other-tenant", "m", "a") is None
+    vector = lru.get("t", "m", "c")
     assert vector is not None
     with pytest.raises(ValueError):
         vector[0] = 2.0
-    EmbeddingLRU(0).put("m", "a", np.ones(3, dtype=np.float32))
+    EmbeddingLRU(0).put("t", "m", "a", np.ones(3, dtype=np.float32))
 
 
 # -- the Prefetch walk -------------------------------------------------------------------------
@@ -610,6 +613,14 @@ def test_a_read_that_degrades_by_itself_is_gated_on_its_cheapest_answer() -> Non
             limit.slot(0.19, floor_s=0.1),
         ):
             pass
+    # Issue 31: nothing else in flight, and even the cheapest answer does not fit: the
+    # deadline is too short, not the server busy (a retry of the same call cannot help).
+    idle = InFlightLimit(64, queue_share=0.4, clock=clock)
+    with (
+        pytest.raises(DeadlineExceeded, match=r"^deadline: 190 ms left"),
+        idle.slot(0.19, floor_s=0.1),
+    ):
+        pass
     # The fixed cap still holds.
     tight = InFlightLimit(1)
     with (
@@ -703,29 +714,29 @@ class _SerialSlowEmbedder:
 
 async def test_query_embedder_refuses_what_the_queue_cannot_serve_in_time() -> None:
     embedder = QueryEmbedder(_SerialSlowEmbedder(0.05), EmbeddingLRU(10))  # type: ignore[arg-type]
-    await embedder.embed("first", timeout_s=1)  # one sample: about 50 ms per embedding
+    await embedder.embed("t", "first", timeout_s=1)  # one sample: about 50 ms per embedding
     assert 0.04 < embedder.expected_wait_s() < 0.5
-    queued = [asyncio.create_task(embedder.embed(f"q{i}", timeout_s=5)) for i in range(4)]
+    queued = [asyncio.create_task(embedder.embed("t", f"q{i}", timeout_s=5)) for i in range(4)]
     await asyncio.sleep(0)
     loop = asyncio.get_running_loop()
     started = loop.time()
     with pytest.raises(EmbeddingTimeout, match="queue"):
-        await embedder.embed("late", timeout_s=0.1)  # 5 x 50 ms ahead: refused at once
+        await embedder.embed("t", "late", timeout_s=0.1)  # 5 x 50 ms ahead: refused at once
     assert loop.time() - started < 0.05 and embedder.refused == 1
     await asyncio.gather(*queued)
-    assert (await embedder.embed("first", timeout_s=0.0)) is not None  # cached: no wait
-    assert len(await embedder.embed("fresh", timeout_s=1)) == 4
+    assert (await embedder.embed("t", "first", timeout_s=0.0)) is not None  # cached: no wait
+    assert len(await embedder.embed("t", "fresh", timeout_s=1)) == 4
 
 
 async def test_query_embedder_says_on_arrival_whether_a_query_would_wait_too_long() -> None:
     embedder = QueryEmbedder(_SerialSlowEmbedder(0.05), EmbeddingLRU(10))  # type: ignore[arg-type]
-    assert embedder.admits("anything", 0.0)  # no sample yet: nothing known to wait for
-    await embedder.embed("first", timeout_s=1)
-    queued = [asyncio.create_task(embedder.embed(f"q{i}", timeout_s=5)) for i in range(4)]
+    assert embedder.admits("t", "anything", 0.0)  # no sample yet: nothing known to wait for
+    await embedder.embed("t", "first", timeout_s=1)
+    queued = [asyncio.create_task(embedder.embed("t", f"q{i}", timeout_s=5)) for i in range(4)]
     await asyncio.sleep(0)
-    assert not embedder.admits("new", 0.1)  # five ahead of it, 50 ms each
-    assert embedder.admits("new", 1.0)
-    assert embedder.admits("first", 0.0)  # cached: no queue to wait in
+    assert not embedder.admits("t", "new", 0.1)  # five ahead of it, 50 ms each
+    assert embedder.admits("t", "new", 1.0)
+    assert embedder.admits("t", "first", 0.0)  # cached: no queue to wait in
     hits, misses = embedder._cache.hits, embedder._cache.misses
     await asyncio.gather(*queued)
     # Asking counts neither a hit nor a miss of the LRU.
@@ -743,15 +754,15 @@ async def test_query_embedder_batches_queued_queries() -> None:
 
     slow.embed = recording  # type: ignore[method-assign]
     embedder = QueryEmbedder(slow, EmbeddingLRU(100), max_batch=4)  # type: ignore[arg-type]
-    vectors = await asyncio.gather(*[embedder.embed(f"q{i}", timeout_s=5) for i in range(9)])
+    vectors = await asyncio.gather(*[embedder.embed("t", f"q{i}", timeout_s=5) for i in range(9)])
     assert len(vectors) == 9
     # All nine arrived before the model was free: batches of at most four, in order.
     assert [len(b) for b in seen] == [4, 4, 1]
     assert [t for b in seen for t in b] == [f"q{i}" for i in range(9)]
     # One that arrives while a batch runs waits for it, then goes with whatever queued.
-    running = asyncio.create_task(embedder.embed("alone", timeout_s=5))
+    running = asyncio.create_task(embedder.embed("t", "alone", timeout_s=5))
     await asyncio.sleep(0.005)
-    late = [asyncio.create_task(embedder.embed(f"late{i}", timeout_s=5)) for i in range(2)]
+    late = [asyncio.create_task(embedder.embed("t", f"late{i}", timeout_s=5)) for i in range(2)]
     await asyncio.gather(running, *late)
     assert seen[-2:] == [["alone"], ["late0", "late1"]]
 
@@ -767,10 +778,10 @@ async def test_query_embedder_drops_a_query_whose_caller_gave_up() -> None:
 
     slow.embed = recording  # type: ignore[method-assign]
     embedder = QueryEmbedder(slow, EmbeddingLRU(100))  # type: ignore[arg-type]
-    first = asyncio.create_task(embedder.embed("running", timeout_s=5))
+    first = asyncio.create_task(embedder.embed("t", "running", timeout_s=5))
     await asyncio.sleep(0.01)
     with pytest.raises(EmbeddingTimeout):
-        await embedder.embed("impatient", timeout_s=0.01)
+        await embedder.embed("t", "impatient", timeout_s=0.01)
     await first
     await asyncio.sleep(0.06)
     assert seen == ["running"]

@@ -105,6 +105,8 @@ async def test_list_sessions_counts_order_and_pages(caller: Caller, drain: Drain
     for bad in (
         {"page_token": "not-a-token"},
         {"page_token": listed.next_page_token},  # another listing's token
+        # Issue 31: this listing's token, sent with another scope.
+        {"page_token": first.next_page_token, "scope": pscope(agent="bot")},
         {"page_size": 501},
         {"page_size": -1},
         {"scope": None},

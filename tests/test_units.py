@@ -79,10 +79,13 @@ def test_cache_keys_share_one_cluster_slot_per_user() -> None:
 
 def test_page_token_round_trip_and_garbage() -> None:
     after = (datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC), uuid.uuid4())
-    assert validate.decode_page_token(validate.encode_page_token(after)) == after
+    listing = "a-listing"
+    assert validate.decode_page_token(validate.encode_page_token(after, listing), listing) == after
     for bad in ("", "!!!", "bm90IGpzb24=", "WzFd"):
         with pytest.raises(InvalidArgument):
-            validate.decode_page_token(bad)
+            validate.decode_page_token(bad, listing)
+    with pytest.raises(InvalidArgument, match="another listing"):
+        validate.decode_page_token(validate.encode_page_token(after, "other"), listing)
 
 
 def test_budget_shrinks_and_keeps_a_margin() -> None:

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -323,6 +325,62 @@ async def test_an_idle_stream_sends_heartbeats_with_its_position(stub: Any) -> N
     assert [b.position for b in beats] == [created.position] * 2
     assert all(b.version == created.version for b in beats)
     watch.close()
+
+
+async def test_positions_and_versions_count_no_other_tenants_writes(
+    stub: Any,
+    caller: Caller,
+    new_caller: Callable[[], Awaitable[Caller]],
+    watch_channel: grpc.aio.Channel,
+    pool: asyncpg.Pool,
+) -> None:
+    """Issue 31: positions (and versions) came from one global counter, so the gap between
+    two of tenant A's positions counted tenant B's writes. Now each is the user's own: the
+    commit time in microseconds (or the user's last + 1), which A can read anyway."""
+    other = stub_for(watch_channel, await new_caller())
+    started_us = time.time_ns() // 1000
+    first = await remember(stub, "I keep bees")
+    for n in range(5):
+        await remember(other, f"I own {n} boats")  # tenant B, the same user id
+    second = await remember(stub, "I keep goats")
+    replay = Watch(stub, after_position=0)
+    got = await replay.changes(2)
+    replay.close()
+    assert [c.memory_id for c in got] == [first.memory_id, second.memory_id]
+    assert all(c.position > started_us and c.version > started_us for c in got)
+    async with pool.acquire() as conn:
+        rows = await conn.fetch(
+            "SELECT position, changed_at FROM memory_changes WHERE tenant_id = $1"
+            " ORDER BY position",
+            caller.tenant_id,
+        )
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    assert [r["position"] for r in rows] == [
+        (r["changed_at"] - epoch) // timedelta(microseconds=1) for r in rows
+    ]
+
+
+async def test_resuming_beyond_the_current_position_is_out_of_range(stub: Any) -> None:
+    """Issue 31: after_position 10^15 was accepted, and the stream then never sent a change."""
+    fresh = Watch(stub, after_position=5, scope=pscope(user="nobody-yet"))
+    assert await status_of(fresh) == grpc.StatusCode.OUT_OF_RANGE
+    await remember(stub, "I like figs")
+    replay = Watch(stub, after_position=0)
+    (created,) = await replay.changes(1)
+    replay.close()
+    beyond = 10**18 + 12345
+    late = Watch(stub, after_position=beyond)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await late.next()
+    assert err.value.code() == grpc.StatusCode.OUT_OF_RANGE
+    details = err.value.details() or ""
+    assert "after_position" in details and str(beyond) not in details
+    # At the current position: accepted, and the next change arrives.
+    at = Watch(stub, after_position=created.position)
+    assert (await at.next()).kind == HEARTBEAT
+    later = await remember(stub, "I like dates")
+    assert [c.memory_id for c in await at.changes(1)] == [later.memory_id]
+    at.close()
 
 
 # -- commit order ---------------------------------------------------------------------------

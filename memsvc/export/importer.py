@@ -36,6 +36,7 @@ from memsvc.concurrency.deadline import Budget
 from memsvc.embedding import Embedder, EmbeddingError
 from memsvc.errors import InvalidArgument
 from memsvc.export import parse
+from memsvc.export.checks import RecordLimits, check_records
 from memsvc.export.parse import (
     CoreBlockLine,
     EpisodeLine,
@@ -72,6 +73,10 @@ class ImportConfig:
     # This server's closed vocabularies: a record outside them is refused, as Remember would.
     categories: tuple[str, ...] = ()
     roles: tuple[str, ...] = ()
+    # Remember's and Ingest's length limits (MEMSVC_MAX_CONTENT_CHARS, _MAX_MESSAGE_CHARS).
+    limits: RecordLimits = field(
+        default_factory=lambda: RecordLimits(max_content_chars=2_000, max_message_chars=8_000)
+    )
 
 
 @dataclass
@@ -141,6 +146,7 @@ class ImportService:
         docstring). InvalidArgument names the first bad line; nothing is written then."""
         parsed = await asyncio.to_thread(parse.parse, lines)
         self._check_vocabulary(parsed)
+        check_records(parsed, self._config.limits)
         policy = await self._guard.policy(target.tenant_id)
         texts = await asyncio.to_thread(self._screen, parsed, policy)
         ids = _Ids(target.tenant_id, target.user_id)
@@ -158,6 +164,7 @@ class ImportService:
         }
         result = ImportResult(parsed.lines)
         async with acquire(self._pool, budget, timeout_s=self._config.acquire_timeout_s) as conn:
+            await _check_memory_ids(conn, target, parsed, keys["memory"], where)
             fresh = await self._fresh(conn, target, keys)
             # What a message's vector is of: its unit (`{name} said, "{text}"`).
             units = await message_sql.units(
@@ -202,8 +209,8 @@ class ImportService:
             ):
                 if allowed and value not in allowed:
                     raise InvalidArgument(
-                        f"line {number}: memory.{name}: {value!r} is not one of this "
-                        f"server's {name} values ({', '.join(allowed)})"
+                        f"line {number}: memory.{name}: not one of this server's {name}"
+                        f" values ({', '.join(allowed)})"
                     )
 
     def _screen(self, parsed: Parsed, policy: Mapping[str, str]) -> _Screened:
@@ -319,6 +326,47 @@ class ImportService:
             for (kind, i, _), vector in zip(chunk, vectors, strict=True):
                 out[kind][i] = vector
         return out
+
+
+async def _check_memory_ids(
+    conn: Any,
+    target: Scope,
+    parsed: Parsed,
+    memory_ids: Sequence[uuid.UUID],
+    where: Callable[[RecordScope], Scope],
+) -> None:
+    """InvalidArgument naming the line when a memory's id (as it would be stored) is already
+    another scope's memory (another user's, or this user's under another persona or agent:
+    GetMemory would answer two different rows for one id), or when its supersedes_id names
+    no memory of the import nor of the target user. Read outside the writing transaction: a
+    memory written meanwhile under the same id still meets the primary key (same user) or
+    a fresh uuid4 (another user's)."""
+    owners = await sql.memory_owners(conn, target.tenant_id, memory_ids)
+    for (number, m), memory_id in zip(parsed.memories, memory_ids, strict=True):
+        owner = owners.get(memory_id)
+        goes_to = where(m.scope)
+        if owner is not None and owner != (target.user_id, goes_to.persona_id, goes_to.agent_id):
+            raise InvalidArgument(
+                f"line {number}: memory.memory_id: already the id of a memory in another"
+                " scope; import into that scope, or drop the line"
+            )
+    imported = set(memory_ids)
+    ids = _Ids(target.tenant_id, target.user_id)
+    pointed = {
+        number: ids(m.supersedes_id, m.scope.user_id)
+        for number, m in parsed.memories
+        if m.supersedes_id is not None
+    }
+    outside = sorted({i for i in pointed.values() if i not in imported})
+    stored = await sql.existing_ids(
+        conn, "memories", "memory_id", target.tenant_id, target.user_id, outside
+    )
+    for number, supersedes in pointed.items():
+        if supersedes not in imported and supersedes not in stored:
+            raise InvalidArgument(
+                f"line {number}: memory.supersedes_id: names no memory of this import nor of"
+                " the target user (a correction must point at the version it replaced)"
+            )
 
 
 def _message_key(

@@ -193,9 +193,18 @@ class Parsed:
 
 
 def _describe(error: ValidationError) -> str:
+    """The first error's field and rule, never the line's values: pydantic's message up to
+    its first comma (what follows may quote the input: "found `z` at 1"), and no key of a
+    free-form map (summary.counts) in the field's name."""
     first = error.errors(include_url=False)[0]
-    where = ".".join(str(part) for part in first["loc"]) or "record"
-    return f"{where}: {first['msg']}"
+    parts: list[str] = []
+    for part in first["loc"]:
+        if isinstance(part, str) and parts and parts[-1] == "counts":
+            parts.append("[key]")
+        else:
+            parts.append(str(part))
+    where = ".".join(parts) or "record"
+    return f"{where}: {str(first['msg']).split(',')[0]}"
 
 
 def _has_nul(value: object) -> bool:
@@ -222,7 +231,7 @@ def parse_line(number: int, text: str) -> Line | SummaryLine:
     adapter = _ADAPTERS.get(kind) if isinstance(kind, str) else None
     if adapter is None:
         raise InvalidArgument(
-            f"line {number}: unknown record type {str(kind)[:40]!r}; one of " + ", ".join(_ADAPTERS)
+            f"line {number}: type: not a known record type; one of " + ", ".join(_ADAPTERS)
         )
     try:
         record: Line | SummaryLine = adapter.validate_python(obj)
@@ -239,7 +248,12 @@ def parse(lines: Iterable[tuple[int, str]]) -> Parsed:
         out.lines += 1
         record = parse_line(number, text)
         if isinstance(record, SummaryLine):
-            for kind in set(KINDS) | set(record.counts):
+            if not set(record.counts) <= set(KINDS):
+                raise InvalidArgument(
+                    f"line {number}: summary.counts: a key is not a record type; one of "
+                    + ", ".join(KINDS)
+                )
+            for kind in KINDS:
                 expected = record.counts.get(kind, 0)
                 if since_summary[kind] != expected:
                     raise InvalidArgument(

@@ -18,6 +18,7 @@ from spacy.tokens import Span, Token
 
 from memsvc.extraction.dates import ResolvedDate, day_text, is_relative, resolve
 from memsvc.extraction.predicates import REQUEST_VERBS
+from memsvc.governance.placeholders import placeholder_spans
 
 FIRST_SINGULAR = frozenset({"i", "me", "my", "mine", "myself"})
 FIRST_PLURAL = frozenset({"we", "us", "our", "ours", "ourselves"})
@@ -500,8 +501,15 @@ def render(statement: Statement, sent_at: datetime) -> str:
     skip_until = sent.start
     started = False
     named = False  # "the user" said once: later "my" reads "their"
+    atomic = _in_placeholders(sent)
     for token in sent:
         if token.i < skip_until:
+            continue
+        if token.i in atomic:
+            # A placeholder of redacted data is copied as it is ("[redacted government id]"
+            # must not read "[redacted government the userd]": it names what was redacted).
+            started = True
+            words.append(token.text_with_ws)
             continue
         if not started and (token.pos_ in ("INTJ", "PUNCT", "SPACE") or token.dep_ == "intj"):
             continue
@@ -555,6 +563,15 @@ def render(statement: Statement, sent_at: datetime) -> str:
             text += f" (as of {day_text(sent_at)})"
             break
     return text[:1].upper() + text[1:] + "."
+
+
+def _in_placeholders(sent: Span) -> frozenset[int]:
+    """The indexes of the sentence's tokens that lie inside a placeholder."""
+    offset = sent.start_char
+    spans = [(a + offset, b + offset) for a, b in placeholder_spans(sent.text)]
+    if not spans:
+        return frozenset()
+    return frozenset(t.i for t in sent if any(a <= t.idx < b for a, b in spans))
 
 
 def _plural_i(token: Token) -> bool:

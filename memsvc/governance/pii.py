@@ -18,71 +18,26 @@ import phonenumbers
 from stdnum import iban, luhn, numdb
 from stdnum.us import rtn, ssn
 
+# Re-exported: the screen's callers name placeholders through this module.
+from memsvc.governance.placeholders import LABELS as LABELS
+from memsvc.governance.placeholders import placeholder as placeholder
+from memsvc.governance.placeholders import placeholder_kinds as placeholder_kinds
+from memsvc.governance.placeholders import placeholder_spans as placeholder_spans
+from memsvc.governance.placeholders import tidy_placeholders as tidy_placeholders
 from memsvc.governance.policy import PII_KINDS, REDACT, REJECT, STORE
 
-# Human wording: the label in the stored text and the noun in error messages.
-LABELS = {
-    "card_number": "card number",
-    "government_id": "government id",
-    "bank_account": "bank account",
-    "password": "password",
-    "one_time_code": "one-time code",
-    "email": "email",
-    "phone": "phone number",
-}
+# The noun of a kind in error messages.
 NOUNS = {
     "card_number": "a payment card number",
     "government_id": "a government id number",
     "bank_account": "a bank account number",
     "password": "a password",
+    "secret": "an API key, access token or private key",
     "one_time_code": "a one-time code",
     "email": "an email address",
     "phone": "a phone number",
 }
 DEFAULT_PHONE_REGIONS = ("US", "GB")
-
-
-def placeholder(kind: str) -> str:
-    """The visible replacement of one span: ``[redacted card number]``."""
-    return f"[redacted {LABELS[kind]}]"
-
-
-def _label_pattern(label: str) -> str:
-    """A label as a parser may have spaced it out: "one - time code" for "one-time code"."""
-    words = (r"\s*-\s*".join(map(re.escape, w.split("-"))) for w in label.split())
-    return r"\s+".join(words)
-
-
-_LABEL_ALTERNATIVES = "|".join(_label_pattern(label) for label in LABELS.values())
-# A placeholder, also with a bracket split off or lost by a parser ("[ redacted phone number");
-# at least one bracket must be there: "I redacted email addresses" is no placeholder.
-_PLACEHOLDER = re.compile(
-    rf"\[\s*redacted\s+(?P<a>{_LABEL_ALTERNATIVES})(?:\s*\])?"
-    rf"|(?<!\[)\bredacted\s+(?P<b>{_LABEL_ALTERNATIVES})\s*\]",
-    re.I,
-)
-_KIND_OF_LABEL = {label: kind for kind, label in LABELS.items()}
-
-
-def _kind_of(match: re.Match[str]) -> str:
-    label = match.group("a") or match.group("b")
-    return _KIND_OF_LABEL[re.sub(r"\s*-\s*", "-", re.sub(r"\s+", " ", label)).lower()]
-
-
-def tidy_placeholders(text: str) -> str:
-    """Placeholders written back whole where a parser split or lost a bracket."""
-    if "redacted" not in text.lower():
-        return text
-    return _PLACEHOLDER.sub(lambda m: placeholder(_kind_of(m)), text)
-
-
-def placeholder_kinds(text: str) -> tuple[str, ...]:
-    """The kinds whose placeholder the text holds (redacted earlier: text derived from a
-    stored message, which Ingest screened), in PII_KINDS order."""
-    if "redacted" not in text.lower():
-        return ()
-    found = {_kind_of(m) for m in _PLACEHOLDER.finditer(text)}
-    return tuple(k for k in PII_KINDS if k in found)
 
 
 @dataclass(frozen=True, order=True)
@@ -397,6 +352,84 @@ def find_passwords(text: str) -> Iterator[Span]:
             yield Span(secret[0], secret[1], "password")
 
 
+# Credentials by their issuer's format: each has a fixed prefix and a length no prose meets.
+_PROVIDER_TOKENS = re.compile(
+    r"(?<![\w-])(?:"
+    r"(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{10,247}"  # Stripe secret and restricted keys
+    r"|whsec_[A-Za-z0-9]{20,}"  # Stripe webhook secrets
+    r"|(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA)[A-Z0-9]{16}"  # AWS key ids
+    r"|(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{36,251}"  # GitHub tokens
+    r"|github_pat_[A-Za-z0-9_]{22,251}"  # GitHub fine-grained tokens
+    r"|glpat-[A-Za-z0-9_-]{20,}"  # GitLab
+    r"|xox[abposre]-[A-Za-z0-9-]{10,}"  # Slack (xoxb-, xoxp-...)
+    r"|sk-(?:proj-|ant-|svcacct-)?[A-Za-z0-9_-]{20,}"  # OpenAI, Anthropic
+    r"|AIza[0-9A-Za-z_-]{35}"  # Google API keys
+    r"|SG\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}"  # SendGrid
+    r"|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"  # JWTs
+    r"|npm_[A-Za-z0-9]{36}"  # npm
+    r"|hf_[A-Za-z0-9]{30,}"  # Hugging Face
+    r")(?![\w-])"
+)
+_PRIVATE_KEY = re.compile(
+    r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----"
+    r"(?:.*?-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----|.*)",
+    re.S,
+)
+# A credential named by a keyword ("the api key is ...", "aws secret: ..."): a value with
+# letters and digits, 16+ characters, no spaces.
+_SECRET_KEYWORD = re.compile(
+    r"\b(?:api[\s_-]?key|access[\s_-]?key(?:[\s_-]?id)?|secret(?:[\s_-]access)?[\s_-]?key"
+    r"|(?:client|app|aws|api)[\s_-]?secret|secret|(?:access|auth|bearer|api|refresh|session)"
+    r"[\s_-]?token|token|bearer)\b",
+    re.I,
+)
+_SECRET_VALUE = re.compile(r"[A-Za-z0-9+/=_.~-]{16,512}(?![\w+/=.~-])")
+
+
+def _looks_like_key(value: str) -> bool:
+    """Mixed as generated keys are (not a word, a date or a number): letters and digits, or
+    both cases with a digit or a base64 symbol."""
+    letters = sum(c.isalpha() for c in value)
+    digits = sum(c.isdigit() for c in value)
+    if letters >= 4 and digits >= 2:
+        return True
+    mixed_case = any(c.islower() for c in value) and any(c.isupper() for c in value)
+    return mixed_case and (digits >= 1 or "/" in value or "+" in value)
+
+
+_AWS_KEY_ID = re.compile(r"(?<![\w])(?:AKIA|ASIA)[A-Z0-9]{16}(?![\w])")
+# After a key id: up to 40 characters of punctuation and words ("with secret", "/"), then
+# 40 characters of base64.
+_AWS_SECRET_AFTER = re.compile(
+    r"[^A-Za-z0-9+]{1,10}?(?:[A-Za-z ]{0,30}?[:=\s]+)?([A-Za-z0-9/+]{40})(?![A-Za-z0-9/+=])"
+)
+
+
+def find_secrets(text: str) -> Iterator[Span]:
+    """API keys and tokens of the common providers (Stripe sk_live_/sk_test_, AWS AKIA... and
+    the secret after it, GitHub ghp_/github_pat_, Slack xoxb-, OpenAI/Anthropic sk-, Google
+    AIza, JWTs...), private key blocks, and key-like values after "api key", "secret",
+    "token"."""
+    if "-----BEGIN" in text:
+        for m in _PRIVATE_KEY.finditer(text):
+            yield Span(m.start(), m.end(), "secret")
+    for m in _PROVIDER_TOKENS.finditer(text):
+        yield Span(m.start(), m.end(), "secret")
+    for key in _SECRET_KEYWORD.finditer(text):
+        found = _value_after(text, key.end(), _SECRET_VALUE)
+        if found is None:
+            continue
+        m, _ = found
+        value = m.group().rstrip(".")
+        if _looks_like_key(value):
+            yield Span(m.start(), m.start() + len(value), "secret")
+    # An AWS secret access key: 40 characters of base64 right after an access key id.
+    for key in _AWS_KEY_ID.finditer(text):
+        pair = _AWS_SECRET_AFTER.match(text, key.end())
+        if pair is not None and _looks_like_key(pair.group(1)):
+            yield Span(pair.start(1), pair.end(1), "secret")
+
+
 _CVV_KEYWORD = re.compile(
     r"\b(?:cvv2?|cvc2?|cid|card\s+(?:security|verification)\s+(?:code|value|number)"
     r"|security\s+code\s+(?:on|of)\s+(?:the|my)\s+card)\b",
@@ -499,6 +532,7 @@ def detect(text: str, *, phone_regions: Sequence[str] = DEFAULT_PHONE_REGIONS) -
         return []
     chosen: list[Span] = []
     detectors: tuple[Iterator[Span], ...] = (
+        find_secrets(text),
         find_cards(text),
         find_ibans(text),
         find_card_codes(text),

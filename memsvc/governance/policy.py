@@ -23,6 +23,7 @@ PII_KINDS = (
     "government_id",
     "bank_account",
     "password",
+    "secret",
     "one_time_code",
     "email",
     "phone",

@@ -18,9 +18,10 @@ from dataclasses import dataclass, replace
 import asyncpg
 
 from memsvc.concurrency.deadline import Budget
-from memsvc.errors import DeadlineExceeded, NotFound
+from memsvc.errors import AlreadyExists, DeadlineExceeded, NotFound, Unavailable
 from memsvc.governance.guard import PiiGuard
 from memsvc.governance.policy import TenantPolicies, parse_pii_policy
+from memsvc.ingest.fingerprint import request_digest
 from memsvc.ingest.payload import JobPayload
 from memsvc.storage import citus, outbox
 from memsvc.storage.messages import StoredMessage, insert_messages
@@ -121,7 +122,8 @@ class IngestService:
             ) from None
 
     async def ingest(self, command: IngestCommand, budget: Budget) -> IngestReceipt:
-        """Exactly two writes: the outbox row (its unique key makes retries free), the messages.
+        """Exactly two writes: the outbox row (its key, unique per user, makes retries free;
+        a key reused for a different request is ALREADY_EXISTS), the messages.
         Before them, and before a connection is taken, the tenant's PII policy is applied. On
         Citus the same transaction also wakes the outbox workers (outbox.wake)."""
         ingest_id = uuid.uuid4()
@@ -137,6 +139,7 @@ class IngestService:
         payload = JobPayload(
             command.end_of_session, command.goals, command.counterpart_persona_id
         ).as_json()
+        digest = request_digest(command)
         async with acquire(self._pool, budget, timeout_s=self._acquire_timeout_s) as conn:
             if self._on_citus is None:
                 self._on_citus = await citus.has_citus(conn)
@@ -148,6 +151,7 @@ class IngestService:
                     idempotency_key=command.idempotency_key,
                     session_id=command.session_id,
                     payload=payload,
+                    request_digest=digest,
                 )
                 accepted = (
                     await insert_messages(
@@ -159,9 +163,10 @@ class IngestService:
                 if fresh and self._on_citus:
                     await outbox.wake(conn, command.scope)
             if not fresh:
-                first = await outbox.ingest_id_for_key(conn, command.scope, command.idempotency_key)
-                assert first is not None, "a conflicting key always has a row"
-                return IngestReceipt(first, duplicate=True, accepted=0, dropped=0)
+                first = await outbox.first_use(conn, command.scope, command.idempotency_key)
+                return IngestReceipt(
+                    _retried(first, command, digest), duplicate=True, accepted=0, dropped=0
+                )
         return IngestReceipt(
             ingest_id,
             duplicate=False,
@@ -179,5 +184,24 @@ class IngestService:
                 conn, tenant_id, ingest_id, user_id=scope.user_id if scope is not None else None
             )
         if found is None or (scope is not None and found.scope != scope):
-            raise NotFound(f"ingest {ingest_id} not found")
+            raise NotFound("ingest_id: no ingest with this id in this scope")
         return found
+
+
+def _retried(first: outbox.KeyUse | None, command: IngestCommand, digest: str) -> uuid.UUID:
+    """The ingest_id to answer a repeated key with, when the request is the one the key was
+    first used for (same scope, session, messages: a retry); ALREADY_EXISTS when it is not.
+    Keys are per user, so another user's key never reaches here. The message names the key,
+    never its value."""
+    if first is None:
+        # The first job was deleted (erasure, retention) between the conflict and the read.
+        raise Unavailable("idempotency_key: its first use was being deleted; retry")
+    scope = command.scope
+    same_scope = (first.persona_id, first.agent_id) == (scope.persona_id, scope.agent_id)
+    if not same_scope or first.request_digest not in (None, digest):
+        raise AlreadyExists(
+            "idempotency_key: already used by this user for a different request (another"
+            " scope, session or messages); a retry must resend the same request, and new"
+            " messages need a new key. Nothing was written"
+        )
+    return first.ingest_id

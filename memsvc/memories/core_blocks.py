@@ -135,8 +135,8 @@ class CoreBlockService:
             revision = current.revision if current is not None else 0
             if command.expected_revision and command.expected_revision != revision:
                 raise FailedPrecondition(
-                    f"expected_revision: the {command.block} block is at revision {revision}, "
-                    f"not {command.expected_revision}; read it again (GetCoreBlocks) and retry"
+                    f"expected_revision: the {command.block} block is at revision {revision}"
+                    "; read it again (GetCoreBlocks) and retry"
                 )
             limit = await self._limit(conn, scope, command.block)
             if command.mode == APPEND:

@@ -172,13 +172,13 @@ class MemoryService:
                 await self._compactor.lock(conn, scope)
             old = await store.get_owned(conn, scope, memory_id, for_update=True)
             if old is None:
-                raise NotFound(f"memory {memory_id} not found in this scope")
+                raise NotFound("memory_id: no memory with this id in this scope")
             compactor = self._core_compactor(pinned=old.pinned, role=old.role)
             if compactor is not None:
                 await compactor.check_fits(conn, old.scope, new_content, field="new_content")
             if old.invalid_at is not None:
                 raise FailedPrecondition(
-                    f"memory {memory_id} was already superseded by {old.superseded_by_id}; "
+                    f"memory_id: already superseded by {old.superseded_by_id}; "
                     "correct the current version instead"
                 )
             if content_hash(old.content) == digest:
@@ -266,10 +266,10 @@ class MemoryService:
                 deleted = await erasure.erase_scope(conn, scope)
             else:
                 found = await store.owned_lineages(conn, scope, memory_ids)
-                missing = [str(m) for m in memory_ids if m not in found]
+                missing = [i for i, m in enumerate(memory_ids) if m not in found]
                 if missing:
                     raise NotFound(
-                        f"memory {missing[0]} not found in this scope"
+                        f"memory_ids[{missing[0]}]: no memory with this id in this scope"
                         + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
                         + "; nothing was deleted"
                     )
@@ -297,7 +297,7 @@ class MemoryService:
         async with acquire(self._pool, budget, timeout_s=self._acquire_timeout_s) as conn:
             record = await store.get_visible(conn, scope, memory_id)
             if record is None:
-                raise NotFound(f"memory {memory_id} not found in this scope")
+                raise NotFound("memory_id: no memory with this id in this scope")
             versions_ = await store.lineage(conn, scope, record.lineage_id)
             found = await edits.edits_of(
                 conn, scope.tenant_id, scope.user_id, [r.memory_id for r in versions_]
@@ -309,7 +309,7 @@ class MemoryService:
         async with acquire(self._pool, budget, timeout_s=self._acquire_timeout_s) as conn:
             record = await store.get_visible(conn, scope, memory_id)
         if record is None:
-            raise NotFound(f"memory {memory_id} not found in this scope")
+            raise NotFound("memory_id: no memory with this id in this scope")
         if self._references is not None:
             self._references.record(scope.tenant_id, scope.user_id, (record.memory_id,))
         return self._decorate(record)
@@ -329,10 +329,10 @@ class MemoryService:
             await lock_user(conn, scope.tenant_id, scope.user_id)
             old = await store.get_owned(conn, scope, memory_id, for_update=True)
             if old is None:
-                raise NotFound(f"memory {memory_id} not found in this scope")
+                raise NotFound("memory_id: no memory with this id in this scope")
             if old.invalid_at is not None:
                 raise FailedPrecondition(
-                    f"memory {memory_id} was superseded by {old.superseded_by_id}; "
+                    f"memory_id: superseded by {old.superseded_by_id}; "
                     "update the current version instead"
                 )
             plan = updating.plan(old, update, datetime.now(UTC))

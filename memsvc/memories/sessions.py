@@ -86,7 +86,7 @@ class SessionService:
             done = await store.forget_session(conn, scope, session_id)
             if done is None:
                 raise NotFound(
-                    f"session {session_id!r} not found in this scope; nothing was deleted"
+                    "session_id: no session with this id in this scope; nothing was deleted"
                 )
             await self._waker.bump(conn, scope.tenant_id, scope.user_id)
         await self._invalidator.drop_user(scope.tenant_id, scope.user_id)

@@ -149,7 +149,9 @@ class ChangeStream:
     ) -> Subscription:
         """Reserve a stream and find where it starts: after ``after_position`` (0: the oldest
         retained change; None: from now). OutOfRange when changes after that position were
-        pruned; ResourceExhausted when too many streams are open."""
+        pruned, or when no change of the user has that position yet (a stream resumed there
+        would wait for positions it already claims to have); ResourceExhausted when too many
+        streams are open."""
         scope = subject.scope
         self.start()
         self._admit(scope.tenant_id)
@@ -163,7 +165,11 @@ class ChangeStream:
                     start = after_position
                     batch = await changes.after(conn, scope.tenant_id, scope.user_id, start, 1)
                     if 0 < start < batch.pruned_through:
-                        raise OutOfRange(_pruned(start, batch.pruned_through))
+                        raise OutOfRange(_pruned(batch.pruned_through))
+                    if start > 0 and not batch.changes:
+                        head = await changes.head(conn, scope.tenant_id, scope.user_id)
+                        if start > head:
+                            raise OutOfRange(_BEYOND)
         except BaseException:
             self._release(scope.tenant_id)
             raise
@@ -183,11 +189,17 @@ class ChangeStream:
             return await changes.current_version(conn, scope.tenant_id, scope.user_id)
 
 
-def _pruned(position: int, horizon: int) -> str:
+def _pruned(horizon: int) -> str:
     return (
-        f"after_position {position} is older than the retained changes (pruned through"
-        f" {horizon}); re-read with ListMemories and watch from now (leave after_position unset)"
+        f"after_position: older than the retained changes (pruned through {horizon}); re-read"
+        " with ListMemories and watch from now (leave after_position unset)"
     )
+
+
+_BEYOND = (
+    "after_position: beyond this user's current position (no change has it yet); resume"
+    " from a position this stream sent, or leave after_position unset to watch from now"
+)
 
 
 class Subscription:
@@ -249,7 +261,7 @@ class Subscription:
             batch = await self._stream._read(subject, self.position)
             if self.position > 0 and self.position < batch.pruned_through:
                 # Retention pruned changes this stream had not read yet.
-                raise OutOfRange(_pruned(self.position, batch.pruned_through))
+                raise OutOfRange(_pruned(batch.pruned_through))
             sent = False
             for change in batch.changes:
                 self.position = change.position

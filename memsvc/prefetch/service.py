@@ -408,10 +408,13 @@ class PrefetchService:
                 )
         return _CoreParts(core, persona, blocks)
 
-    async def _embed_hint(self, hint: str, budget: Budget, parts: _RelevantParts) -> Vector | None:
+    async def _embed_hint(
+        self, tenant_id: str, hint: str, budget: Budget, parts: _RelevantParts
+    ) -> Vector | None:
         started = time.perf_counter()
         try:
             return await self._embedder.embed(
+                tenant_id,
                 hint,
                 timeout_s=min(self._config.embed_timeout_s, budget.remaining() * EMBED_SHARE),
             )
@@ -426,7 +429,7 @@ class PrefetchService:
         cfg = self._config
         scope, hint = query.scope, query.hint
         parts = _RelevantParts([], [])
-        vector = await self._embed_hint(hint, budget, parts) if hint else None
+        vector = await self._embed_hint(scope.tenant_id, hint, budget, parts) if hint else None
         now = datetime.now(UTC)
         async with acquire(
             self._pool, budget, timeout_s=self._config.acquire_timeout_s, busy_is_late=True

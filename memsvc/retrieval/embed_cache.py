@@ -1,4 +1,9 @@
-"""Query embeddings through a bounded in-process LRU (a repeated query skips the model)."""
+"""Query embeddings through a bounded in-process LRU (a repeated query skips the model).
+
+Keyed by tenant as well as model and text: a hit answers in microseconds where the model
+takes milliseconds (Recall reports ``timings.embed_ms``), so a cache shared by tenants would
+tell tenant A that tenant B asked the same text. Within a tenant the hit is the point.
+"""
 
 from __future__ import annotations
 
@@ -24,19 +29,19 @@ class EmbeddingLRU:
         if capacity < 0:
             raise ValueError(f"capacity must be >= 0, got {capacity}")
         self._capacity = capacity
-        self._items: OrderedDict[tuple[str, str], Vector] = OrderedDict()
+        self._items: OrderedDict[tuple[str, str, str], Vector] = OrderedDict()
         self.hits = 0
         self.misses = 0
 
     def __len__(self) -> int:
         return len(self._items)
 
-    def __contains__(self, key: tuple[str, str]) -> bool:
-        """Whether (model_id, text) is held; counts neither a hit nor a miss."""
+    def __contains__(self, key: tuple[str, str, str]) -> bool:
+        """Whether (tenant_id, model_id, text) is held; counts neither a hit nor a miss."""
         return key in self._items
 
-    def get(self, model_id: str, text: str) -> Vector | None:
-        key = (model_id, text)
+    def get(self, tenant_id: str, model_id: str, text: str) -> Vector | None:
+        key = (tenant_id, model_id, text)
         vector = self._items.get(key)
         if vector is None:
             self.misses += 1
@@ -45,13 +50,13 @@ class EmbeddingLRU:
         self.hits += 1
         return vector
 
-    def put(self, model_id: str, text: str, vector: Vector) -> None:
+    def put(self, tenant_id: str, model_id: str, text: str, vector: Vector) -> None:
         if self._capacity == 0:
             return
         frozen = np.array(vector, dtype=np.float32, copy=True)
         # Shared between calls: nobody may change a cached vector in place.
         frozen.setflags(write=False)
-        key = (model_id, text)
+        key = (tenant_id, model_id, text)
         self._items[key] = frozen
         self._items.move_to_end(key)
         while len(self._items) > self._capacity:
@@ -60,6 +65,7 @@ class EmbeddingLRU:
 
 @dataclass
 class _Request:
+    tenant_id: str
     text: str
     future: asyncio.Future[Vector]
     deadline: float
@@ -114,8 +120,9 @@ class QueryEmbedder:
     def dimension(self) -> int:
         return self._embedder.dimension
 
-    def cached(self, text: str) -> Vector | None:
-        return self._cache.get(self._embedder.model_id, text)
+    def cached(self, tenant_id: str, text: str) -> Vector | None:
+        """The tenant's cached vector of ``text`` (another tenant's never counts)."""
+        return self._cache.get(tenant_id, self._embedder.model_id, text)
 
     def expected_wait_s(self) -> float:
         """Time a new query is expected to take, queue included (0 before any sample)."""
@@ -123,26 +130,26 @@ class QueryEmbedder:
             return 0.0
         return (len(self._queue) + self._running + 1) * self._per_text_s
 
-    def admits(self, text: str, within_s: float) -> bool:
+    def admits(self, tenant_id: str, text: str, within_s: float) -> bool:
         """Whether ``text``'s vector can be had within ``within_s``: it is cached, or the
         queue ahead of it is expected to clear in time. Decided on a call's arrival: a query
         that would only wait for the model is better answered from the lexical leg at once
         than embedded too late (and the model's time goes to queries that can use it)."""
-        if (self._embedder.model_id, text) in self._cache:
+        if (tenant_id, self._embedder.model_id, text) in self._cache:
             return True
         return self.expected_wait_s() <= within_s
 
-    async def embed(self, text: str, *, timeout_s: float) -> Vector:
-        """The query's vector; EmbeddingTimeout past ``timeout_s`` (or at once when the queue
-        says it would be), EmbeddingError when the model fails."""
-        vector = self.cached(text)
+    async def embed(self, tenant_id: str, text: str, *, timeout_s: float) -> Vector:
+        """The query's vector for the tenant; EmbeddingTimeout past ``timeout_s`` (or at once
+        when the queue says it would be), EmbeddingError when the model fails."""
+        vector = self.cached(tenant_id, text)
         if vector is not None:
             return vector
         if self.expected_wait_s() > timeout_s:
             self.refused += 1
             raise EmbeddingTimeout("the embedder's queue would not clear within the budget")
         loop = asyncio.get_running_loop()
-        request = _Request(text, loop.create_future(), time.monotonic() + timeout_s)
+        request = _Request(tenant_id, text, loop.create_future(), time.monotonic() + timeout_s)
         self._queue.append(request)
         if self._drainer is None or self._drainer.done():
             self._drainer = asyncio.create_task(self._drain(), name="query-embedder")
@@ -188,6 +195,6 @@ class QueryEmbedder:
             )
             self.batches += 1
             for r, vector in zip(batch, vectors, strict=True):
-                self._cache.put(self._embedder.model_id, r.text, vector)
+                self._cache.put(r.tenant_id, self._embedder.model_id, r.text, vector)
                 if not r.future.done():
                     r.future.set_result(vector)

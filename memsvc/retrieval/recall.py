@@ -187,7 +187,7 @@ class RecallService:
         decay: float = 0.5 ** (age_s / self.FLOOR_HALF_LIFE_S)
         return self._lexical_s * decay + lag_s
 
-    def _machine_saturated(self, text: str) -> bool:
+    def _machine_saturated(self, tenant_id: str, text: str) -> bool:
         """The machine's CPUs busier than configured, or calls queued in front of the
         handlers for longer than configured (the serving loop is saturated), and ``text``
         not embedded yet: its ~10 ms of CPU would push every answer on the machine later (a
@@ -197,7 +197,7 @@ class RecallService:
         return (
             (cpu is not None and cpu.busy > self._config.max_cpu_busy)
             or (queue_wait is not None and queue_wait() > self._config.max_queue_s)
-        ) and self._embedder.cached(text) is None
+        ) and self._embedder.cached(tenant_id, text) is None
 
     def _legs_budget_s(self, budget: Budget) -> float:
         """How long the legs may run: the budget less its headroom, and less twice the loop's
@@ -215,7 +215,9 @@ class RecallService:
             started = time.perf_counter()
             try:
                 vector = await self._embedder.embed(
-                    query.text, timeout_s=budget.cap(self._config.embed_timeout_s)
+                    query.scope.tenant_id,
+                    query.text,
+                    timeout_s=budget.cap(self._config.embed_timeout_s),
                 )
             finally:
                 progress.embed_ms = (time.perf_counter() - started) * 1000
@@ -270,9 +272,11 @@ class RecallService:
         # Fact-only filters leave no kind to search when facts were not asked for.
         if query.wants_dense and query.search_kinds:
             if query.vector is None and (
-                self._machine_saturated(query.text)
+                self._machine_saturated(query.scope.tenant_id, query.text)
                 or not self._embedder.admits(
-                    query.text, self._config.embed_admit_share * budget.remaining()
+                    query.scope.tenant_id,
+                    query.text,
+                    self._config.embed_admit_share * budget.remaining(),
                 )
             ):
                 # The embedder is busier than this budget allows, or the machine has no CPU

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from memsvc.concurrency.cpu_busy import CpuBusy
-from memsvc.errors import Overloaded, ResourceExhausted
+from memsvc.errors import DeadlineExceeded, Overloaded, ResourceExhausted
 from memsvc.observability import metrics, shed_log
 from memsvc.server.core_queue import CoreQueue
 
@@ -184,7 +184,9 @@ class InFlightLimit:
     ) -> Iterator[None]:
         """Hold a slot for the block; ResourceExhausted at once when :meth:`refusal` says
         so, or when a read admitted now would not finish within ``queue_share`` of
-        ``budget_s``.
+        ``budget_s``; DeadlineExceeded naming the deadline when no other read is in flight
+        and even the cheapest answer does not fit (the deadline is too short, the server is
+        not busy).
 
         ``floor_s``: a read that degrades by itself (Recall answers from its lexical leg
         alone when the embedder is busy) says how long its cheapest answer takes now; it is
@@ -195,6 +197,13 @@ class InFlightLimit:
             raise refused
         ahead = self._in_flight
         if budget_s is not None and floor_s is not None:
+            if floor_s > self._queue_share * budget_s and not ahead:
+                # No other read in flight: the deadline is what is short, not the server.
+                raise DeadlineExceeded(
+                    f"deadline: {budget_s * 1000:.0f} ms left for this read, and even its"
+                    f" degraded answer takes about {floor_s * 1000:.0f} ms now; send a"
+                    " longer deadline"
+                )
             if floor_s > self._queue_share * budget_s:
                 raise _shed(
                     f"this server is busy: even a degraded answer would take about "

@@ -20,6 +20,7 @@ from memsvc.config import ConfigError, Settings
 from memsvc.embedding import Embedder
 from memsvc.embedding.factory import build_embedder
 from memsvc.embedding.measured import MeasuredEmbedder
+from memsvc.export.checks import RecordLimits
 from memsvc.export.importer import ImportConfig, ImportService
 from memsvc.export.service import ExportConfig, ExportService
 from memsvc.extraction.base import Extractor
@@ -285,6 +286,10 @@ class Runtime:
                 embed_batch=settings.import_embed_batch,
                 categories=settings.categories,
                 roles=settings.roles,
+                limits=RecordLimits(
+                    max_content_chars=settings.max_content_chars,
+                    max_message_chars=settings.max_message_chars,
+                ),
             ),
         )
         self.export = ExportService(

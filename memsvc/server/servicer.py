@@ -101,6 +101,15 @@ def answer_for(rpc: str, exc: Exception) -> MemsvcError:
     return error
 
 
+def _deadline_too_short(margin_ms: int) -> DeadlineExceeded:
+    """A call that arrives with no more time left than the server keeps back to answer:
+    nothing can be done in it, and it is the deadline that says so, not a busy server."""
+    return DeadlineExceeded(
+        f"deadline: the call arrived with at most {margin_ms} ms left, which this server"
+        " keeps back to send its answer in time; nothing was done; send a longer deadline"
+    )
+
+
 def _metadata(context: Context) -> Metadata:
     return tuple((key, value) for key, value in context.invocation_metadata() or ())
 
@@ -179,6 +188,8 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
                     default_ms=default_deadline_ms,
                     margin_ms=self._settings.deadline_margin_ms,
                 )
+                if budget.expired:
+                    raise _deadline_too_short(self._settings.deadline_margin_ms)
                 async with asyncio.timeout(budget.remaining() + guard_slack_s):
                     return await handler(tenant, budget)
         except Exception as exc:  # every failure is answered with a status: mapped here
@@ -263,12 +274,16 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             scope = validate.scope(
                 request.scope, tenant, self._settings, present=request.HasField("scope")
             )
-            query = validate.list_query(request, self._settings)
+            query = validate.list_query(request, scope, self._settings)
             page = await self._memories.list_page(scope, query, budget)
             return pb.ListMemoriesResponse(
                 memories=[wire.memory(r) for r in page.memories],
                 next_page_token=(
-                    validate.encode_page_token(page.next_after) if page.next_after else ""
+                    validate.encode_page_token(
+                        page.next_after, validate.memories_listing(scope, query)
+                    )
+                    if page.next_after
+                    else ""
                 ),
             )
 
@@ -582,7 +597,9 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             return pb.ListSessionsResponse(
                 sessions=[convert_sessions.session(s) for s in page.sessions],
                 next_page_token=(
-                    validate_sessions.encode_sessions_token(page.next_after)
+                    validate_sessions.encode_sessions_token(
+                        page.next_after, validate_sessions.sessions_listing(query.scope)
+                    )
                     if page.next_after
                     else ""
                 ),
@@ -603,7 +620,10 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             return pb.ListEpisodesResponse(
                 episodes=[convert_sessions.episode(e) for e in page.episodes],
                 next_page_token=(
-                    validate_sessions.encode_episodes_token(page.next_after)
+                    validate_sessions.encode_episodes_token(
+                        page.next_after,
+                        validate_sessions.episodes_listing(query.scope, query.session_id),
+                    )
                     if page.next_after
                     else ""
                 ),

@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
+import dataclasses
 import math
 import unicodedata
 import uuid
 from collections.abc import Iterable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
-import orjson
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from memsvc.config import Settings
 from memsvc.errors import InvalidArgument
+from memsvc.governance import time_bounds
 from memsvc.ingest.service import IngestCommand
+from memsvc.server import page_tokens
 from memsvc.storage.messages import StoredMessage
 from memsvc.storage.model import ListQuery, NewMemory, Scope, Sharing
 from memsvc.storage.normalize import normalize_content
@@ -83,7 +83,7 @@ def vocabulary(value: str, field: str, allowed: tuple[str, ...], default: str) -
         return default
     normalized = value.strip().lower()
     if normalized not in allowed:
-        raise InvalidArgument(f"{field}: unknown value {value[:40]!r}; one of {', '.join(allowed)}")
+        raise InvalidArgument(f"{field}: not one of {', '.join(allowed)}")
     return normalized
 
 
@@ -116,7 +116,7 @@ def memory_id(value: str, field: str = "memory_id") -> uuid.UUID:
     try:
         return uuid.UUID(value)
     except ValueError:
-        raise InvalidArgument(f"{field}: {value[:60]!r} is not a memory id (a UUID)") from None
+        raise InvalidArgument(f"{field}: not a memory id (a UUID)") from None
 
 
 def timestamp(ts: Timestamp, field: str) -> datetime:
@@ -131,19 +131,19 @@ def timestamp(ts: Timestamp, field: str) -> datetime:
     return value
 
 
-# A memory is what holds now: a valid_from later than this allowance for clock skew after the
-# server's clock is a plan, not a memory, and would be stored as active all the same.
-VALID_FROM_FUTURE_SKEW = timedelta(days=1)
-
-
 def valid_from(ts: Timestamp) -> datetime:
-    """When a remembered fact began to hold: from 1900 up to a day after now."""
-    value = timestamp(ts, "valid_from")
-    latest = datetime.now(UTC) + VALID_FROM_FUTURE_SKEW
-    if value > latest:
+    """When a remembered fact began to hold: from 1900 up to a day after now (a fact that
+    only holds later is a plan, not a current memory)."""
+    return bounded_time(ts, "valid_from")
+
+
+def bounded_time(ts: Timestamp, field: str) -> datetime:
+    """A time something happened (governance.time_bounds): from 1900 up to a day after now."""
+    value = timestamp(ts, field)
+    if not time_bounds.within(value):
         raise InvalidArgument(
-            f"valid_from: {value.isoformat()} is in the future; at most 1 day after now "
-            "(a fact that only holds later is not a current memory)"
+            f"{field}: must be {time_bounds.RULE} (a time that has not come yet is not"
+            " something that happened)"
         )
     return value
 
@@ -194,11 +194,9 @@ def retention(request: pb.RememberRequest, session_id: str, settings: Settings) 
             raise InvalidArgument("ttl: not a valid duration (seconds and nanos disagree)")
         seconds = ttl.seconds + ttl.nanos / 1e9
         if not MIN_TTL_S <= seconds <= MAX_TTL_S:
-            raise InvalidArgument(
-                f"ttl: between {MIN_TTL_S} s and 10 years ({MAX_TTL_S} s), got {seconds:g} s"
-            )
+            raise InvalidArgument(f"ttl: between {MIN_TTL_S} s and 10 years ({MAX_TTL_S} s)")
         return {"retention_policy": "ttl", "expires_in_s": seconds}
-    raise InvalidArgument(f"retention_policy: unknown value {policy}")
+    raise InvalidArgument("retention_policy: unknown value; not a RetentionPolicy")
 
 
 def remember(request: pb.RememberRequest, settings: Settings) -> NewMemory:
@@ -223,24 +221,45 @@ def remember(request: pb.RememberRequest, settings: Settings) -> NewMemory:
     )
 
 
-def encode_page_token(after: tuple[datetime, uuid.UUID]) -> str:
-    raw = orjson.dumps([after[0].isoformat(), str(after[1])])
-    return base64.urlsafe_b64encode(raw).decode("ascii")
+_MEMORIES = "memories"
 
 
-def decode_page_token(token: str) -> tuple[datetime, uuid.UUID]:
+def memories_listing(scope: Scope, query: ListQuery) -> str:
+    """The digest a ListMemories page token is bound to: the scope and every filter."""
+    return page_tokens.listing(
+        _MEMORIES,
+        scope.key,
+        query.include_superseded,
+        sorted(query.categories),
+        sorted(query.roles),
+        query.pinned_only,
+        query.session_id,
+    )
+
+
+def encode_page_token(after: tuple[datetime, uuid.UUID], listing: str) -> str:
+    return page_tokens.encode(_MEMORIES, listing, [after[0].isoformat(), str(after[1])])
+
+
+def decode_page_token(token: str, listing: str) -> tuple[datetime, uuid.UUID]:
+    recorded_at, memory_id_text = page_tokens.decode(
+        _MEMORIES, "ListMemories", listing, token, size=2
+    )
     try:
-        recorded_at, memory_id_text = orjson.loads(base64.urlsafe_b64decode(token.encode()))
-        return datetime.fromisoformat(recorded_at), uuid.UUID(memory_id_text)
-    except (binascii.Error, orjson.JSONDecodeError, ValueError, TypeError, UnicodeError):
+        at = datetime.fromisoformat(recorded_at)
+        if at.tzinfo is None:
+            raise ValueError("naive")
+        return at, uuid.UUID(memory_id_text)
+    except ValueError:
         raise InvalidArgument("page_token: not a token returned by ListMemories") from None
 
 
-def list_query(request: pb.ListMemoriesRequest, settings: Settings) -> ListQuery:
+def list_query(request: pb.ListMemoriesRequest, owner: Scope, settings: Settings) -> ListQuery:
+    """The page asked for; a page_token must come from the same scope and filters."""
     if request.page_size < 0 or request.page_size > settings.max_page_size:
         raise InvalidArgument(f"page_size: between 1 and {settings.max_page_size} (0: default)")
     filters = request.filters
-    return ListQuery(
+    query = ListQuery(
         page_size=request.page_size or settings.default_page_size,
         include_superseded=request.include_superseded,
         categories=tuple(
@@ -249,8 +268,11 @@ def list_query(request: pb.ListMemoriesRequest, settings: Settings) -> ListQuery
         roles=tuple(vocabulary(r, "filters.roles", settings.roles, "") for r in filters.roles),
         pinned_only=filters.pinned_only,
         session_id=identifier(filters.session_id, "filters.session_id", settings, required=False),
-        after=decode_page_token(request.page_token) if request.page_token else None,
     )
+    if not request.page_token:
+        return query
+    after = decode_page_token(request.page_token, memories_listing(owner, query))
+    return dataclasses.replace(query, after=after)
 
 
 _MESSAGE_ROLES = {
@@ -287,7 +309,9 @@ def ingest(request: pb.IngestRequest, tenant_id: str, settings: Settings) -> Ing
         field = f"messages[{i}]"
         message_id = identifier(m.message_id, f"{field}.message_id", settings, required=True)
         if message_id in seen:
-            raise InvalidArgument(f"{field}.message_id: {message_id!r} appears twice in this call")
+            raise InvalidArgument(
+                f"{field}.message_id: the same as an earlier message's in this call"
+            )
         seen.add(message_id)
         role = _MESSAGE_ROLES.get(m.role)
         if role is None:
@@ -311,7 +335,7 @@ def ingest(request: pb.IngestRequest, tenant_id: str, settings: Settings) -> Ing
                 ),
                 role=role,
                 text=text,
-                sent_at=timestamp(m.sent_at, f"{field}.sent_at"),
+                sent_at=bounded_time(m.sent_at, f"{field}.sent_at"),
             )
         )
     if len(request.goals) > settings.max_goals:
@@ -343,4 +367,4 @@ def ingest_id(value: str) -> uuid.UUID:
     try:
         return uuid.UUID(value)
     except ValueError:
-        raise InvalidArgument(f"ingest_id: {value[:60]!r} is not an ingest id") from None
+        raise InvalidArgument("ingest_id: not an ingest id (a UUID)") from None

@@ -28,7 +28,7 @@ def block(value: int, field: str = "block") -> str:
         return _BLOCKS[value]  # type: ignore[index]
     except KeyError:
         raise InvalidArgument(
-            f"{field}: required, CORE_BLOCK_KIND_PERSONA or CORE_BLOCK_KIND_HUMAN (got {value})"
+            f"{field}: required, CORE_BLOCK_KIND_PERSONA or CORE_BLOCK_KIND_HUMAN"
         ) from None
 
 
@@ -37,7 +37,7 @@ def mode(value: int) -> str:
         return _MODES[value]  # type: ignore[index]
     except KeyError:
         raise InvalidArgument(
-            f"mode: required, CORE_BLOCK_MODE_REPLACE or CORE_BLOCK_MODE_APPEND (got {value})"
+            "mode: required, CORE_BLOCK_MODE_REPLACE or CORE_BLOCK_MODE_APPEND"
         ) from None
 
 
@@ -60,9 +60,7 @@ def author(value: str) -> str:
     if not value:
         return DEFAULT_AUTHOR
     if not _AUTHOR.fullmatch(value):
-        raise InvalidArgument(
-            f"author: 1..64 characters of a-z, 0-9, '_' and '-' (got {value[:70]!r})"
-        )
+        raise InvalidArgument("author: 1..64 characters of a-z, 0-9, '_' and '-'")
     return value
 
 

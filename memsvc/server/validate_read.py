@@ -75,12 +75,12 @@ def recall(request: pb.RecallRequest, scope: Scope, settings: Settings) -> Recal
     for i, raw in enumerate(request.types):
         kind = _KINDS.get(raw)
         if kind is None:
-            raise InvalidArgument(f"types[{i}]: unknown item type {raw}; FACT, EPISODE or MESSAGE")
+            raise InvalidArgument(f"types[{i}]: not an item type; FACT, EPISODE or MESSAGE")
         if kind not in kinds:
             kinds.append(kind)
     mode = _MODES.get(request.mode)
     if mode is None:
-        raise InvalidArgument(f"mode: unknown mode {request.mode}; HYBRID, DENSE or LEXICAL")
+        raise InvalidArgument("mode: not a mode; HYBRID, DENSE or LEXICAL")
     if mode is Mode.LEXICAL and not text:
         raise InvalidArgument("query: LEXICAL mode needs a text query (a vector cannot match text)")
     return RecallQuery(

@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
 
-import orjson
-
 from memsvc.config import Settings
 from memsvc.errors import InvalidArgument
-from memsvc.server import validate
+from memsvc.server import page_tokens, validate
 from memsvc.storage.model import Scope
 from memsvc.v1 import memory_pb2 as pb
 
-# Each listing's tokens carry its own tag: a token of another listing is refused.
+# Each listing's tokens carry its own tag and the digest of its scope and filters
+# (server/page_tokens.py): a token of another listing is refused.
 _SESSIONS = "sessions"
 _EPISODES = "episodes"
 
@@ -36,29 +33,33 @@ class EpisodesQuery:
     session_id: str
 
 
-def _encode(kind: str, at: datetime, key: str) -> str:
-    return base64.urlsafe_b64encode(orjson.dumps([kind, at.isoformat(), key])).decode("ascii")
+def sessions_listing(scope: Scope) -> str:
+    """The digest a ListSessions page token is bound to."""
+    return page_tokens.listing(_SESSIONS, scope.key)
 
 
-def _decode(kind: str, rpc: str, token: str) -> tuple[datetime, str]:
+def episodes_listing(scope: Scope, session_id: str) -> str:
+    """The digest a ListEpisodes page token is bound to."""
+    return page_tokens.listing(_EPISODES, scope.key, session_id)
+
+
+def _decode(kind: str, rpc: str, listing: str, token: str) -> tuple[datetime, str]:
+    at, key = page_tokens.decode(kind, rpc, listing, token, size=2)
     try:
-        tag, at, key = orjson.loads(base64.urlsafe_b64decode(token.encode()))
-        if tag != kind or not isinstance(key, str):
-            raise ValueError(tag)
         moment = datetime.fromisoformat(at)
-        if moment.tzinfo is None:
-            raise ValueError(at)
-        return moment, key
-    except (binascii.Error, orjson.JSONDecodeError, ValueError, TypeError, UnicodeError):
-        raise InvalidArgument(f"page_token: not a token returned by {rpc}") from None
+    except ValueError:
+        moment = None
+    if moment is None or moment.tzinfo is None:
+        raise InvalidArgument(f"page_token: not a token returned by {rpc}")
+    return moment, key
 
 
-def encode_sessions_token(after: tuple[datetime, str]) -> str:
-    return _encode(_SESSIONS, *after)
+def encode_sessions_token(after: tuple[datetime, str], listing: str) -> str:
+    return page_tokens.encode(_SESSIONS, listing, [after[0].isoformat(), after[1]])
 
 
-def encode_episodes_token(after: tuple[datetime, uuid.UUID]) -> str:
-    return _encode(_EPISODES, after[0], str(after[1]))
+def encode_episodes_token(after: tuple[datetime, uuid.UUID], listing: str) -> str:
+    return page_tokens.encode(_EPISODES, listing, [after[0].isoformat(), str(after[1])])
 
 
 def _page_size(value: int, settings: Settings) -> int:
@@ -72,7 +73,9 @@ def list_sessions(
 ) -> SessionsQuery:
     scope = validate.scope(request.scope, tenant, settings, present=request.HasField("scope"))
     page_size = _page_size(request.page_size, settings)
-    after = _decode(_SESSIONS, "ListSessions", request.page_token) if request.page_token else None
+    after = None
+    if request.page_token:
+        after = _decode(_SESSIONS, "ListSessions", sessions_listing(scope), request.page_token)
     return SessionsQuery(scope, page_size, after)
 
 
@@ -84,7 +87,8 @@ def list_episodes(
     session_id = validate.identifier(request.session_id, "session_id", settings, required=False)
     after = None
     if request.page_token:
-        at, key = _decode(_EPISODES, "ListEpisodes", request.page_token)
+        listing = episodes_listing(scope, session_id)
+        at, key = _decode(_EPISODES, "ListEpisodes", listing, request.page_token)
         try:
             after = (at, uuid.UUID(key))
         except ValueError:

@@ -34,7 +34,7 @@ def mask_paths(request: pb.UpdateMemoryRequest) -> tuple[str, ...]:
     for i, path in enumerate(given):
         if path not in UPDATE_PATHS:
             raise InvalidArgument(
-                f"update_mask.paths[{i}]: unknown path {path[:60]!r}; one of "
+                f"update_mask.paths[{i}]: not a path UpdateMemory changes; one of "
                 f"{', '.join(UPDATE_PATHS)}"
             )
     return tuple(p for p in UPDATE_PATHS if p in given)
@@ -50,8 +50,7 @@ def ttl_seconds(request: pb.UpdateMemoryRequest) -> float:
     seconds = ttl.seconds + ttl.nanos / 1e9
     if not validate.MIN_TTL_S <= seconds <= validate.MAX_TTL_S:
         raise InvalidArgument(
-            f"ttl: between {validate.MIN_TTL_S} s and 10 years ({validate.MAX_TTL_S} s), "
-            f"got {seconds:g} s"
+            f"ttl: between {validate.MIN_TTL_S} s and 10 years ({validate.MAX_TTL_S} s)"
         )
     return seconds
 

@@ -25,7 +25,7 @@ def watch(
         after = request.after_position
         if after < 0:
             raise InvalidArgument(
-                f"after_position must be >= 0 (a MemoryChange.position, or 0 for the oldest"
-                f" retained change), got {after}"
+                "after_position: must be >= 0 (a MemoryChange.position, or 0 for the oldest"
+                " retained change)"
             )
     return WatchSubject(scope, whole_user=request.whole_user), after

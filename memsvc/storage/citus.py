@@ -55,23 +55,6 @@ REFERENCE: tuple[str, ...] = ("api_keys", "tenant_settings")
 # Read by migrate() alone, always on the coordinator it connects to.
 COORDINATOR_ONLY: tuple[str, ...] = ("schema_migrations", "memsvc_meta")
 
-# Citus refuses a unique constraint without the distribution column. An idempotency key is
-# therefore unique per user on Citus (per tenant on a single PostgreSQL): the same key reused
-# for two users of one tenant is two jobs there. outbox.enqueue's ON CONFLICT names no
-# target, so it works with either constraint.
-_OUTBOX_KEY_BY_USER = """
-ALTER TABLE ingest_outbox DROP CONSTRAINT IF EXISTS ingest_outbox_tenant_id_idempotency_key_key;
-DO $$
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_constraint
-                   WHERE conname = 'ingest_outbox_user_idempotency_key') THEN
-        ALTER TABLE ingest_outbox ADD CONSTRAINT ingest_outbox_user_idempotency_key
-            UNIQUE (tenant_id, user_id, idempotency_key);
-    END IF;
-END $$;
-"""
-
-
 # For the sessions opened after it (the pool is opened after the migrations).
 _PROPAGATE_SET_LOCAL = """
 DO $$
@@ -130,8 +113,6 @@ async def distribute(conn: Connection) -> list[str]:
     # shards only when told to (storage.citus_triggers says how they differ there).
     await conn.execute("SET citus.enable_unsafe_triggers = on")
     try:
-        if "ingest_outbox" not in done:
-            await conn.execute(_OUTBOX_KEY_BY_USER)
         if any(table not in done for table in DISTRIBUTED):
             # Before distributing: create_distributed_table copies the triggers to the shards.
             await conn.execute(ROW_TRIGGERS_SQL)

@@ -199,3 +199,20 @@ async def link(
         [p[0] for p in pairs],
         [p[1] for p in pairs],
     )
+
+
+async def memory_owners(
+    conn: Connection, tenant_id: str, ids: Sequence[uuid.UUID]
+) -> dict[uuid.UUID, tuple[str, str, str]]:
+    """The (user, persona, agent) holding each of the ids in the tenant, where one does.
+    Every user's: on Citus a statement over every shard (imports are rare; an id is only
+    ever looked for by user elsewhere)."""
+    if not ids:
+        return {}
+    rows = await conn.fetch(
+        "SELECT memory_id, user_id, persona_id, agent_id FROM memories"
+        " WHERE tenant_id = $1 AND memory_id = ANY($2::uuid[])",
+        tenant_id,
+        list(ids),
+    )
+    return {r["memory_id"]: (r["user_id"], r["persona_id"], r["agent_id"]) for r in rows}

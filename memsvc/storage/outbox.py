@@ -51,13 +51,15 @@ async def enqueue(
     idempotency_key: str,
     session_id: str,
     payload: dict[str, object],
+    request_digest: str,
 ) -> bool:
-    """Insert the job; False when the tenant already used this idempotency key."""
+    """Insert the job; False when the user already used this idempotency key."""
     inserted = await conn.fetchval(
         "INSERT INTO ingest_outbox (tenant_id, user_id, persona_id, agent_id, ingest_id,"
-        " idempotency_key, session_id, payload) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
-        # No conflict target: the key is unique per tenant on a single PostgreSQL and per
-        # user on Citus (storage.citus), and a fresh ingest_id never conflicts.
+        " idempotency_key, session_id, payload, request_digest)"
+        " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+        # No conflict target: a fresh ingest_id never conflicts, so only the key's unique
+        # constraint (per user: migration 0016) can.
         " ON CONFLICT DO NOTHING RETURNING true",
         scope.tenant_id,
         scope.user_id,
@@ -67,8 +69,20 @@ async def enqueue(
         idempotency_key,
         session_id,
         orjson.dumps(payload).decode(),
+        request_digest,
     )
     return bool(inserted)
+
+
+@dataclass(frozen=True)
+class KeyUse:
+    """The job that used an idempotency key first, and what it was a job of."""
+
+    ingest_id: uuid.UUID
+    persona_id: str
+    agent_id: str
+    # None for a job written before digests were kept (migration 0016).
+    request_digest: str | None
 
 
 async def wake(conn: Connection, scope: Scope) -> None:
@@ -80,26 +94,19 @@ async def wake(conn: Connection, scope: Scope) -> None:
     )
 
 
-async def ingest_id_for_key(
-    conn: Connection, scope: Scope, idempotency_key: str
-) -> uuid.UUID | None:
-    """The job that used the key first: the scope's user's own (a single-shard read on Citus,
-    where keys are unique per user), else another user's of the tenant (a single server,
-    where keys are unique per tenant)."""
-    value: uuid.UUID | None = await conn.fetchval(
-        "SELECT ingest_id FROM ingest_outbox"
+async def first_use(conn: Connection, scope: Scope, idempotency_key: str) -> KeyUse | None:
+    """The scope's user's job that used the key (keys are unique per user: one shard on
+    Citus); None when there is none (it was deleted since, by erasure or retention)."""
+    row = await conn.fetchrow(
+        "SELECT ingest_id, persona_id, agent_id, request_digest FROM ingest_outbox"
         " WHERE tenant_id = $1 AND user_id = $2 AND idempotency_key = $3",
         scope.tenant_id,
         scope.user_id,
         idempotency_key,
     )
-    if value is None:
-        value = await conn.fetchval(
-            "SELECT ingest_id FROM ingest_outbox WHERE tenant_id = $1 AND idempotency_key = $2",
-            scope.tenant_id,
-            idempotency_key,
-        )
-    return value
+    if row is None:
+        return None
+    return KeyUse(row["ingest_id"], row["persona_id"], row["agent_id"], row["request_digest"])
 
 
 # A job is claimable when it is due and pending, or when its holder's lease ran out (a crashed

@@ -14,7 +14,7 @@ from typing import Literal
 
 import asyncpg
 
-from memsvc.storage import changes, messages
+from memsvc.storage import changes, messages, versions
 from memsvc.storage.conditions import not_expired
 from memsvc.storage.connection import Connection
 from memsvc.storage.locks import lock_user
@@ -171,19 +171,10 @@ async def drop_orphan_topics(conn: Connection, tenant_id: str, user_id: str) -> 
 
 
 async def bump_versions(conn: Connection, users: Iterable[tuple[str, str]]) -> None:
-    """A new content version for each (tenant, user), in one statement. Sorted, so two
-    workers bumping overlapping users lock their rows in the same order (no deadlock)."""
-    ordered = sorted(set(users))
-    if not ordered:
-        return
-    await conn.execute(
-        "INSERT INTO scope_versions (tenant_id, user_id, version)"
-        " SELECT t, u, nextval('scope_version_seq')"
-        " FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS x(t, u, i) ORDER BY i"
-        " ON CONFLICT (tenant_id, user_id) DO UPDATE SET version = EXCLUDED.version",
-        [t for t, _ in ordered],
-        [u for _, u in ordered],
-    )
+    """A new content version for each (tenant, user), in one statement (storage.versions).
+    Sorted, so two workers bumping overlapping users lock their rows in the same order (no
+    deadlock)."""
+    await versions.bump_versions(conn, sorted(set(users)))
 
 
 async def live_sessions(

@@ -105,6 +105,7 @@ async def test_ingest_enqueue_and_messages(conn: asyncpg.Connection, scope: Scop
             idempotency_key=f"k-{ingest_id}",
             session_id="s1",
             payload={"messages": 2},
+            request_digest="v1:first",
         )
         await insert_messages(
             rec,  # type: ignore[arg-type]
@@ -123,9 +124,10 @@ async def test_ingest_enqueue_and_messages(conn: asyncpg.Connection, scope: Scop
             idempotency_key=f"k-{ingest_id}",
             session_id="s1",
             payload={},
+            request_digest="v1:first",
         )
-        first = await outbox.ingest_id_for_key(rec, scope, f"k-{ingest_id}")  # type: ignore[arg-type]
-        assert first == ingest_id
+        first = await outbox.first_use(rec, scope, f"k-{ingest_id}")  # type: ignore[arg-type]
+        assert first is not None and first.ingest_id == ingest_id
 
     _assert_single_shard(await _recorded(conn, run), expected_at_least=4)
 
