@@ -12,8 +12,7 @@ from typing import Any
 import pytest
 
 from memsvc.config import ConfigError, Settings
-from memsvc.governance import trust
-from memsvc.memories import compaction
+from memsvc.governance import compaction, trust
 from memsvc.storage.model import MemoryRecord, Scope
 
 NOW = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)

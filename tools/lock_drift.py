@@ -1,6 +1,7 @@
 """Which installed packages differ from requirements/lock.txt (make test-latest prints it).
 
-Usage: python tools/lock_drift.py LOCK FREEZE: LOCK is the hashed lock, FREEZE a `pip freeze`.
+Usage: python tools/lock_drift.py FREEZE LOCK [LOCK...]: FREEZE is a `pip freeze`, each LOCK a
+hashed requirements file (the lock, and the spaCy model pinned on its own).
 """
 
 from __future__ import annotations
@@ -28,11 +29,15 @@ def pins(path: Path) -> dict[str, str]:
     return found
 
 
-def main(lock_path: str, freeze_path: str) -> int:
-    locked, installed = pins(Path(lock_path)), pins(Path(freeze_path))
+def main(freeze_path: str, *lock_paths: str) -> int:
+    installed = pins(Path(freeze_path))
+    locked: dict[str, str] = {}
+    for lock_path in lock_paths:
+        locked |= pins(Path(lock_path))
     moved = sorted(n for n in locked.keys() & installed.keys() if locked[n] != installed[n])
     added = sorted(installed.keys() - locked.keys())
-    print(f"newest allowed releases against {lock_path}: {len(moved)} moved, {len(added)} new")
+    against = ", ".join(lock_paths)
+    print(f"newest allowed releases against {against}: {len(moved)} moved, {len(added)} new")
     for name in moved:
         print(f"  {name}: {locked[name]} -> {installed[name]}")
     for name in added:

