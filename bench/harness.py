@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import dataclasses
@@ -502,6 +503,19 @@ def result_paths(kind: str) -> tuple[Path, Path]:
     RESULTS_DIR.mkdir(exist_ok=True)
     stem = RESULTS_DIR / f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}"
     return stem.with_suffix(".json"), stem.with_suffix(".png")
+
+
+def write_eval(kind: str, args: argparse.Namespace, results: list[dict[str, Any]]) -> Path:
+    """An evaluation's results with the arguments that produced them, as
+    bench/results/KIND-YYYYmmdd-HHMMSS.json; prints and returns the path."""
+    out, _ = result_paths(kind)
+    out.write_text(
+        json.dumps(
+            {"args": {k: str(v) for k, v in vars(args).items()}, "results": results}, indent=2
+        )
+    )
+    print(f"written {out}")
+    return out
 
 
 def write_result(path: Path, body: dict[str, Any], report: dict[str, Any]) -> None:

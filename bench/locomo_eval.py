@@ -42,7 +42,7 @@ import grpc
 import numpy as np
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from bench.harness import RESULTS_DIR, Target, embedded_stack, memsvc_server
+from bench.harness import Target, embedded_stack, memsvc_server, write_eval
 from memsvc.v1 import memory_pb2 as pb
 from memsvc.v1 import memory_pb2_grpc
 
@@ -464,14 +464,7 @@ def main() -> None:
             f"dense leg skipped {r['skipped_dense']}, "
             f"latency p50 {lat['p50']:.1f} ms p95 {lat['p95']:.1f} ms p99 {lat['p99']:.1f} ms"
         )
-    RESULTS_DIR.mkdir(exist_ok=True)
-    out = RESULTS_DIR / f"locomo-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(
-        json.dumps(
-            {"args": {k: str(v) for k, v in vars(args).items()}, "results": results}, indent=2
-        )
-    )
-    print(f"written {out}")
+    write_eval("locomo", args, results)
 
 
 def report_thresholds(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
@@ -489,14 +482,7 @@ def report_thresholds(results: list[dict[str, Any]], args: argparse.Namespace) -
                 + "".join(f"{d[t]:>34.1f}" for d in r["off_topic_empty_pct"].values())
             )
         print(f"evidence relevance percentiles: {r['evidence_relevance_pct']}")
-    RESULTS_DIR.mkdir(exist_ok=True)
-    out = RESULTS_DIR / f"locomo-min-score-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(
-        json.dumps(
-            {"args": {k: str(v) for k, v in vars(args).items()}, "results": results}, indent=2
-        )
-    )
-    print(f"written {out}")
+    write_eval("locomo-min-score", args, results)
 
 
 if __name__ == "__main__":

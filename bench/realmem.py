@@ -39,7 +39,7 @@ import numpy as np
 from bm25s.stopwords import STOPWORDS_EN_PLUS
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from bench.harness import RESULTS_DIR, Target, embedded_stack, memsvc_server
+from bench.harness import Target, embedded_stack, memsvc_server, write_eval
 from bench.locomo_eval import MODES, wait_done
 from memsvc.v1 import memory_pb2 as pb
 from memsvc.v1 import memory_pb2_grpc
@@ -273,14 +273,7 @@ def main() -> None:
             f"{r['retriever']}: {r['queries']} queries, degraded {r['degraded']}, latency p50 "
             f"{lat['p50']:.1f} ms p95 {lat['p95']:.1f} ms p99 {lat['p99']:.1f} ms"
         )
-    RESULTS_DIR.mkdir(exist_ok=True)
-    out = RESULTS_DIR / f"realmem-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(
-        json.dumps(
-            {"args": {k: str(v) for k, v in vars(args).items()}, "results": results}, indent=2
-        )
-    )
-    print(f"written {out}")
+    write_eval("realmem", args, results)
 
 
 if __name__ == "__main__":
