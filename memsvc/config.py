@@ -177,6 +177,14 @@ class Settings:
         "require an API key per call (`memsvc dev`: off unless this is set or `--auth` is given)",
     )
     default_tenant: str = setting("dev", "tenant of every call when authentication is off")
+    auth_unknown_lookups_per_s: float = setting(
+        20.0,
+        "database lookups per second, per process, of keys its key directory does not know "
+        "(past it such a key is refused without one; `0`: no limit)",
+    )
+    auth_unknown_cache_size: int = setting(
+        10_000, "unknown keys remembered per process (5 s each), apart from the known ones"
+    )
 
     # Every connection opened at start-up: one opened under load costs that moment about
     # 8 ms to connect and 8 ms more on its first queries (a new backend's cold caches).

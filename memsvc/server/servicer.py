@@ -79,8 +79,13 @@ def to_memsvc_error(exc: Exception) -> MemsvcError | None:
     return map_db_error(exc)
 
 
-# Answers about the request itself, not the service: not worth a log line each.
-_CALLER_ERRORS = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND)
+# Answers about the request itself, not the service: not worth a log line each. Failed
+# authentication is counted and summarized by the authenticator (observability/auth_log.py).
+_CALLER_ERRORS = (
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.UNAUTHENTICATED,
+)
 
 
 def answer_for(rpc: str, exc: Exception) -> MemsvcError:
