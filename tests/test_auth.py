@@ -134,10 +134,12 @@ async def test_keys_list_shows_ids_labels_tenants_and_last_use_never_the_key(
         used = await api_keys.create_key(conn, tenant, "gateway-1")
         idle = await api_keys.create_key(conn, tenant, "")
     # Last use is stamped in the background (about once a minute) and when a server stops.
-    async with started_server(settings, embedder) as srv:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{srv.port}") as ch:
-            stub = memory_pb2_grpc.MemoryServiceStub(ch)
-            await stub.ListMemories(REQUEST, metadata=(("x-api-key", used),), timeout=5)
+    async with (
+        started_server(settings, embedder) as srv,
+        grpc.aio.insecure_channel(f"127.0.0.1:{srv.port}") as ch,
+    ):
+        stub = memory_pb2_grpc.MemoryServiceStub(ch)
+        await stub.ListMemories(REQUEST, metadata=(("x-api-key", used),), timeout=5)
     done = await _keys_cli(settings, "list", "--tenant", tenant)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
@@ -166,27 +168,29 @@ async def test_revoke_by_id_and_by_label_reaches_every_process_at_once(
         other_tenant = await api_keys.create_key(conn, f"{tenant}-b", "rotate-me")
     keys = [by_id, *rotated, kept, other_tenant]
     # Two serving processes' worth of authenticators: the session's server and one more.
-    async with started_server(settings, embedder) as second:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{second.port}") as ch2:
-            stubs = [memory_pb2_grpc.MemoryServiceStub(c) for c in (channel, ch2)]
-            for stub in stubs:
-                for key in keys:
-                    assert not await _refused(stub, key)  # known (and cached) everywhere
+    async with (
+        started_server(settings, embedder) as second,
+        grpc.aio.insecure_channel(f"127.0.0.1:{second.port}") as ch2,
+    ):
+        stubs = [memory_pb2_grpc.MemoryServiceStub(c) for c in (channel, ch2)]
+        for stub in stubs:
+            for key in keys:
+                assert not await _refused(stub, key)  # known (and cached) everywhere
 
-            done = await _keys_cli(
-                settings, "revoke", "--id", api_keys.key_id_of(api_keys.hash_key(by_id))
-            )
-            assert done.returncode == 0, done.stderr
-            done = await _keys_cli(settings, "revoke", "--label", "rotate-me", "--tenant", tenant)
-            assert done.returncode == 0, done.stderr
-            assert sorted(done.stdout.split()[1::2]) == sorted(
-                api_keys.key_id_of(api_keys.hash_key(k)) for k in rotated
-            )
-            for stub in stubs:
-                for key in (by_id, *rotated):
-                    await _until_refused(stub, key)
-                assert not await _refused(stub, kept)
-                assert not await _refused(stub, other_tenant)  # same label, other tenant
+        done = await _keys_cli(
+            settings, "revoke", "--id", api_keys.key_id_of(api_keys.hash_key(by_id))
+        )
+        assert done.returncode == 0, done.stderr
+        done = await _keys_cli(settings, "revoke", "--label", "rotate-me", "--tenant", tenant)
+        assert done.returncode == 0, done.stderr
+        assert sorted(done.stdout.split()[1::2]) == sorted(
+            api_keys.key_id_of(api_keys.hash_key(k)) for k in rotated
+        )
+        for stub in stubs:
+            for key in (by_id, *rotated):
+                await _until_refused(stub, key)
+            assert not await _refused(stub, kept)
+            assert not await _refused(stub, other_tenant)  # same label, other tenant
 
     again = await _keys_cli(settings, "revoke", "--label", "rotate-me", "--tenant", tenant)
     assert again.returncode == 2 and "no active key matches" in again.stderr
