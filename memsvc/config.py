@@ -463,21 +463,46 @@ class Settings:
     allow_plaintext: bool = setting(False, "allow plaintext on an address that is not loopback")
 
     # Per-tenant admission after authentication, so one tenant cannot starve another.
-    tenant_rate_per_s: float = setting(0.0, "per-tenant token bucket: calls per second (`0`: off)")
+    # On by default, at values one small tenant never meets (a 2-core process answers a few
+    # hundred calls a second in all): they stop a flood, the shares below divide the pools.
+    tenant_rate_per_s: float = setting(
+        1000.0, "per-tenant token bucket per process: calls per second (`0`: off)"
+    )
     tenant_burst: int = setting(0, "per-tenant token bucket: burst (`0`: one second's worth)")
-    tenant_max_in_flight: int = setting(0, "per-tenant calls in flight (`0`: off)")
+    tenant_max_in_flight: int = setting(128, "per-tenant calls in flight per process (`0`: off)")
+    reads_max_in_flight_per_tenant: int = setting(
+        16,
+        "Recall + Prefetch one tenant may have in flight per process, its share of "
+        "`MEMSVC_READS_MAX_IN_FLIGHT` (`0`: no own cap)",
+    )
+    pg_pool_max_per_tenant: int = setting(
+        10,
+        "pooled connections one tenant's calls may hold at once per process, its share of "
+        "`MEMSVC_PG_POOL_MAX`; past it they wait for their own (`0`: no own cap)",
+    )
+    stream_stall_s: float = setting(
+        30.0,
+        "a server stream (ExportMemories, WatchMemories) whose caller accepts no message for "
+        "this long is cut off with `DEADLINE_EXCEEDED` saying so (`0`: never)",
+    )
     # gRPC itself drops anything over twice this before memsvc reads it (RESOURCE_EXHAUSTED).
     max_request_bytes: int = setting(
         4 * 1024 * 1024, "largest request answered; beyond, `INVALID_ARGUMENT` with its size"
     )
     export_batch_rows: int = setting(500, "rows ExportMemories reads per cursor batch")
     export_max_in_flight: int = setting(
-        2,
+        4,
         "exports streaming at once per process (each holds a connection and a snapshot); "
         "beyond, `RESOURCE_EXHAUSTED` with a retry hint",
     )
+    export_max_in_flight_per_tenant: int = setting(
+        1, "exports one tenant may stream at once per process (`0`: no own cap)"
+    )
     export_default_deadline_s: int = setting(
         600, "deadline of an ExportMemories call that sets none"
+    )
+    export_max_deadline_s: int = setting(
+        900, "longest an ExportMemories call may run, whatever deadline it sets"
     )
     # Batch and import (issue 15).
     import_max_lines: int = setting(
@@ -493,6 +518,17 @@ class Settings:
     import_default_deadline_s: int = setting(
         600, "deadline of an ImportMemories call that sets none"
     )
+    import_max_deadline_s: int = setting(
+        900, "longest an ImportMemories call may run, whatever deadline it sets"
+    )
+    import_max_in_flight: int = setting(
+        4,
+        "imports running at once per process (each holds its lines in memory); beyond, "
+        "`RESOURCE_EXHAUSTED` with a retry hint",
+    )
+    import_max_in_flight_per_tenant: int = setting(
+        1, "imports one tenant may run at once per process (`0`: no own cap)"
+    )
     import_embed_batch: int = setting(
         128, "texts per embedder call when ImportMemories re-embeds what it imports"
     )
@@ -502,6 +538,11 @@ class Settings:
     )
     watch_max_streams_per_tenant: int = setting(
         100, "WatchMemories streams one tenant may hold open per process (`0`: no own cap)"
+    )
+    watch_max_stream_s: float = setting(
+        3600.0,
+        "a WatchMemories stream ends after this long with `UNAVAILABLE` saying so (resume "
+        "after the last position; memsvc.client does) (`0`: never)",
     )
     watch_poll_s: float = setting(
         2.0, "a WatchMemories stream also polls this often (covers a missed notification)"
@@ -651,6 +692,9 @@ class Settings:
             "import_max_bytes",
             "import_default_deadline_s",
             "import_embed_batch",
+            "export_max_deadline_s",
+            "import_max_deadline_s",
+            "import_max_in_flight",
             # Request limits: 0 would refuse every request that has the field.
             "max_content_chars",
             "max_id_chars",

@@ -115,7 +115,9 @@ class MemsvcServer:
             server = grpc.aio.server(
                 interceptors=[
                     ObservingInterceptor(
-                        max_request_bytes=settings.max_request_bytes, core_queue=core_queue
+                        max_request_bytes=settings.max_request_bytes,
+                        core_queue=core_queue,
+                        stream_stall_s=settings.stream_stall_s,
                     )
                 ],
                 options=[

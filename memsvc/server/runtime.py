@@ -292,6 +292,7 @@ class Runtime:
             ExportConfig(
                 batch_rows=settings.export_batch_rows,
                 max_in_flight=settings.export_max_in_flight,
+                max_in_flight_per_tenant=settings.export_max_in_flight_per_tenant,
                 acquire_timeout_s=acquire_timeout_s,
                 fetch_timeout_s=settings.pg_command_timeout_ms / 1000,
             ),
