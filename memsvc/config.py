@@ -231,6 +231,12 @@ class Settings:
     # Write path: Ingest limits, extraction and the workers.
     max_messages_per_ingest: int = setting(200, "messages per Ingest call")
     max_message_chars: int = setting(8_000, "longest Ingest message")
+    max_ingest_chars: int = setting(
+        64_000,
+        "characters of all the messages of one Ingest, the size budget of its extraction job "
+        "(parsed well inside `MEMSVC_WORKER_JOB_TIMEOUT_S` on a busy core); beyond, "
+        "`INVALID_ARGUMENT`: split the messages over several Ingests",
+    )
     max_goals: int = setting(20, "goals per Ingest call")
     extractor: str = setting("rules", "`rules` (offline, deterministic) or `openai`")
     openai_chat_base_url: str = setting(
@@ -260,6 +266,11 @@ class Settings:
     )
     run_workers: bool = setting(True, "run extraction workers inside `serve`/`dev`")
     worker_concurrency: int = setting(2, "extraction jobs at once per process")
+    worker_max_jobs_per_tenant: int = setting(
+        2,
+        "extraction jobs one tenant may have running at once over every worker; due jobs are "
+        "claimed tenant by tenant, fewest running first (`0`: no cap)",
+    )
     worker_lease_s: float = setting(120.0, "lease of a job a worker took")
     worker_job_timeout_s: float = setting(90.0, "bound on one job (shorter than the lease)")
     worker_max_attempts: int = setting(5, "attempts before a job is `dead`")
@@ -705,6 +716,7 @@ class Settings:
             "max_query_chars",
             "max_messages_per_ingest",
             "max_message_chars",
+            "max_ingest_chars",
             "default_write_deadline_ms",
         ):
             if getattr(self, name) < 1:

@@ -110,6 +110,7 @@ def worker_settings(settings: Settings) -> WorkerSettings:
         sweep_interval_s=settings.worker_sweep_interval_s,
         reconcile_interval_s=settings.reconcile_interval_s,
         statement_timeout_s=settings.pg_command_timeout_ms / 1000,
+        max_jobs_per_tenant=settings.worker_max_jobs_per_tenant,
     )
 
 
