@@ -271,6 +271,12 @@ class Settings:
         "extraction jobs one tenant may have running at once over every worker; due jobs are "
         "claimed tenant by tenant, fewest running first (`0`: no cap)",
     )
+    worker_reserved_slots: int = setting(
+        1,
+        "slots of each worker (of `MEMSVC_WORKER_CONCURRENCY`, all but one at most) kept for "
+        "tenants with no job running, so another tenant's job starts at once however busy one "
+        "tenant keeps the workers (`0`: none)",
+    )
     worker_lease_s: float = setting(120.0, "lease of a job a worker took")
     worker_job_timeout_s: float = setting(90.0, "bound on one job (shorter than the lease)")
     worker_max_attempts: int = setting(5, "attempts before a job is `dead`")

@@ -86,6 +86,51 @@ async def test_a_tenant_at_its_cap_gets_no_more_jobs_and_others_do(
         )
 
 
+class HeldFlood(RulesExtractor):
+    """Jobs of session "flood" are parsed only once the test lets them go; any other job
+    (another test's left over included) is parsed as usual."""
+
+    def __init__(self) -> None:
+        super().__init__(offload=False)
+        self.entered = 0
+        self.release = asyncio.Event()
+
+    async def extract(self, data: ExtractionInput) -> Extraction:
+        if data.session_id == "flood":
+            self.entered += 1
+            await self.release.wait()
+        return await super().extract(data)
+
+
+async def test_another_tenants_job_runs_while_one_tenant_holds_every_other_slot(
+    new_caller: NewCaller, server: MemsvcServer
+) -> None:
+    """With both slots of the worker taken by A's long jobs, B's one-message Ingest waited
+    for one of them to end."""
+    a, b = await new_caller(), await new_caller()
+    for i in range(3):
+        await ingest(a, [msg(f"u{i}", "I live in Kyoto.")], user=f"u{i}", session="flood")
+    extractor = HeldFlood()
+    worker = make_worker(server, extractor, concurrency=2, reserved_slots=1, max_jobs_per_tenant=2)
+    await worker.start()
+    try:
+        for _ in range(600):
+            if extractor.entered:
+                break
+            await asyncio.sleep(0.05)
+        assert extractor.entered == 1  # A's job holds the one slot open to anyone
+        mine = await ingest(b, [msg("alice", "I live in Osaka.")])
+        for _ in range(1200):
+            if (await status(b, mine.ingest_id)).state == pb.INGEST_STATE_DONE:
+                break
+            await asyncio.sleep(0.05)
+        assert (await status(b, mine.ingest_id)).state == pb.INGEST_STATE_DONE
+        assert extractor.entered == 1  # A's first job still held, no other of A's taken
+    finally:
+        extractor.release.set()
+        await worker.stop(grace_s=5)
+
+
 # -- parsing in chunks, stopped when its job is -------------------------------------------
 
 SAID = [

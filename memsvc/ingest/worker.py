@@ -81,6 +81,8 @@ class WorkerSettings:
     # Jobs one tenant may have running at once over every worker (0: no cap); claims go to
     # tenants turn by turn, fewest running first (outbox.claim_fairly).
     max_jobs_per_tenant: int = 0
+    # Slots of this worker kept for tenants with no job running (at most concurrency - 1).
+    reserved_slots: int = 0
     # How often a running job checks that it is still wanted (not deleted, not taken over):
     # when it is not, its work is cancelled, parsing included (0: never checks).
     job_check_s: float = 2.0
@@ -315,38 +317,7 @@ class OutboxWorker:
             self._claiming += 1
             try:
                 async with self._acquire() as conn:
-                    cap = self._settings.max_jobs_per_tenant
-                    if user_id is None:
-                        jobs = await outbox.claim_fairly(
-                            conn,
-                            worker_id=self.worker_id,
-                            lease_s=self._settings.lease_s,
-                            limit=free,
-                            max_per_tenant=cap,
-                            timeout_s=self._settings.statement_timeout_s,
-                        )
-                    elif (
-                        tenant_id is not None
-                        and cap
-                        and (
-                            await outbox.running_jobs(
-                                conn, tenant_id, timeout_s=self._settings.statement_timeout_s
-                            )
-                            >= cap
-                        )
-                    ):
-                        # A read's kick does not get a tenant past its cap either.
-                        jobs = []
-                    else:
-                        jobs = await outbox.claim(
-                            conn,
-                            worker_id=self.worker_id,
-                            lease_s=self._settings.lease_s,
-                            limit=free,
-                            tenant_id=tenant_id,
-                            user_id=user_id,
-                            timeout_s=self._settings.statement_timeout_s,
-                        )
+                    jobs = await self._claim(conn, free, tenant_id, user_id)
                 for job in jobs:
                     self._spawn_job(job)
             finally:
@@ -358,6 +329,53 @@ class OutboxWorker:
                 # One user's jobs run oldest first, one at a time: wait before claiming more.
                 await self._wait_jobs()
         return claimed
+
+    async def _claim(
+        self, conn: Connection, free: int, tenant_id: str | None, user_id: str | None
+    ) -> list[Job]:
+        """Up to ``free`` due jobs (one user's, when given). The last ``reserved_slots`` free
+        slots go only to tenants with no job running: however busy one tenant keeps the
+        workers, another's job starts at once."""
+        s = self._settings
+        reserved = min(s.reserved_slots, s.concurrency - 1)
+        anyone = max(0, free - reserved)
+        if user_id is not None and tenant_id is not None:
+            cap = s.max_jobs_per_tenant if anyone else 1
+            if (
+                cap
+                and await outbox.running_jobs(conn, tenant_id, timeout_s=s.statement_timeout_s)
+                >= cap
+            ):
+                return []  # a read's kick does not get a tenant past its cap either
+            return await outbox.claim(
+                conn,
+                worker_id=self.worker_id,
+                lease_s=s.lease_s,
+                limit=free,
+                tenant_id=tenant_id,
+                user_id=user_id,
+                timeout_s=s.statement_timeout_s,
+            )
+        jobs: list[Job] = []
+        if anyone:
+            jobs = await outbox.claim_fairly(
+                conn,
+                worker_id=self.worker_id,
+                lease_s=s.lease_s,
+                limit=anyone,
+                max_per_tenant=s.max_jobs_per_tenant,
+                timeout_s=s.statement_timeout_s,
+            )
+        if free > len(jobs):
+            jobs += await outbox.claim_fairly(
+                conn,
+                worker_id=self.worker_id,
+                lease_s=s.lease_s,
+                limit=free - len(jobs),
+                max_per_tenant=1,
+                timeout_s=s.statement_timeout_s,
+            )
+        return jobs
 
     def _acquire(self) -> asyncpg.pool.PoolAcquireContext:
         return self._pool.acquire(timeout=self._settings.acquire_timeout_s)

@@ -111,6 +111,7 @@ def worker_settings(settings: Settings) -> WorkerSettings:
         reconcile_interval_s=settings.reconcile_interval_s,
         statement_timeout_s=settings.pg_command_timeout_ms / 1000,
         max_jobs_per_tenant=settings.worker_max_jobs_per_tenant,
+        reserved_slots=settings.worker_reserved_slots,
     )
 
 
