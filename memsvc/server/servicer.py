@@ -719,8 +719,8 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     async def WatchMemories(
         self, request: pb.WatchMemoriesRequest, context: Context
     ) -> AsyncIterator[pb.MemoryChange]:
-        """A server stream that lasts until the caller cancels it or its own deadline ends
-        (no server default cuts it short). Validation, the start position and the stream
+        """A server stream that lasts until the caller cancels it, its own deadline ends, or
+        MEMSVC_WATCH_MAX_STREAM_S passes (UNAVAILABLE, saying so: resume). Validation, the start position and the stream
         slot are settled before the first change; an error later still ends the call with
         its status (the caller resumes from the last position it handled)."""
         stream = self._changes
