@@ -28,11 +28,19 @@ from memsvc.v1 import memory_pb2 as pb
 from tests.conftest import Caller
 from tests.read_helpers import StartServer, pscope, stub_for
 from tests.read_helpers import start_server as start_server  # fixture
-from tests.test_export import export_sessions, seed_messages
+from tests.test_export import export_sessions
+from tests.test_export import seed_messages as seed_batch
 
 C = grpc.StatusCode
 EXPORT = pb.ExportMemoriesRequest(scope=pscope())
 NewCaller = Callable[[], Awaitable[Caller]]
+
+
+async def seed_messages(pool: asyncpg.Pool, scope: Scope, n: int) -> None:
+    """``n`` messages in statements of 2,000 (one of 20,000 can outlast the statement
+    timeout on a busy machine): enough that an export held open keeps streaming."""
+    for i in range(0, n, 2_000):
+        await seed_batch(pool, scope, min(2_000, n - i), session=f"big{i}")
 
 
 # -- the shares themselves ------------------------------------------------------------------
@@ -53,6 +61,26 @@ def test_slots_refuse_a_tenant_past_its_share_and_not_the_others() -> None:
     with slots.hold("c"):
         assert slots.held("c") == 1 and slots.in_use == 3
     assert slots.in_use == 2 and slots.held("c") == 0
+
+
+def test_a_share_follows_a_pool_that_shrinks_under_load() -> None:
+    cap = [8]
+    slots = TenantSlots(
+        "reads", total=32, per_tenant=16, retry_after_s=1.0, share_now=lambda: cap[0] // 2
+    )
+    for _ in range(4):
+        slots.take("a")
+    with pytest.raises(ResourceExhausted) as info:
+        slots.take("a")
+    assert "holds 4 reads" in str(info.value)
+    cap[0] = 4  # the machine got busier: a's share is now 2, b still gets its own
+    slots.take("b")
+    slots.take("b")
+    with pytest.raises(ResourceExhausted):
+        slots.take("b")
+    cap[0] = 1
+    assert slots.held("c") == 0
+    slots.take("c")  # never less than one
 
 
 def test_no_own_cap_when_the_share_is_zero() -> None:

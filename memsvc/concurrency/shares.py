@@ -9,7 +9,7 @@ that tenant's other calls, never behind another tenant's).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 
 from memsvc.errors import ResourceExhausted
@@ -17,14 +17,25 @@ from memsvc.errors import ResourceExhausted
 
 class TenantSlots:
     """At most ``total`` slots held at once, at most ``per_tenant`` (0: no own cap) by one
-    tenant. ``what`` names the slots in refusals ("ExportMemories streams")."""
+    tenant. ``what`` names the slots in refusals ("ExportMemories streams"). ``share_now``:
+    a tenant's share at this moment when the pool itself shrinks under load (the read gate's
+    cap), never more than ``per_tenant``."""
 
-    def __init__(self, what: str, *, total: int, per_tenant: int, retry_after_s: float) -> None:
+    def __init__(
+        self,
+        what: str,
+        *,
+        total: int,
+        per_tenant: int,
+        retry_after_s: float,
+        share_now: Callable[[], int] | None = None,
+    ) -> None:
         if total < 1 or per_tenant < 0:
             raise ValueError(f"{what}: total must be >= 1 and per_tenant >= 0")
         self._what = what
         self._total = total
         self._per_tenant = per_tenant
+        self._share_now = share_now
         self._retry_after_s = retry_after_s
         self._held: dict[str, int] = {}
         self._in_use = 0
@@ -40,9 +51,12 @@ class TenantSlots:
         """Take a slot (give it back with :meth:`give_back`); ResourceExhausted when none is
         free for this tenant."""
         held = self._held.get(tenant, 0)
-        if self._per_tenant and held >= self._per_tenant:
+        share = self._per_tenant
+        if share and self._share_now is not None:
+            share = max(1, min(share, self._share_now()))
+        if share and held >= share:
             raise ResourceExhausted(
-                f"this tenant already holds {self._per_tenant} {self._what} on this server, "
+                f"this tenant already holds {share} {self._what} on this server, "
                 "its share; let one finish or retry shortly",
                 retry_after_s=self._retry_after_s,
             )

@@ -174,6 +174,9 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             total=max(1, settings.reads_max_in_flight),
             per_tenant=settings.reads_max_in_flight_per_tenant,
             retry_after_s=IN_FLIGHT_RETRY_AFTER_S,
+            # Half the gate's cap as it stands: when a saturated machine brings it down to
+            # a few reads, one tenant still cannot take them all.
+            share_now=lambda: self._reads.cap // 2,
         )
         self._imports = TenantSlots(
             "ImportMemories calls",
@@ -720,9 +723,10 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         self, request: pb.WatchMemoriesRequest, context: Context
     ) -> AsyncIterator[pb.MemoryChange]:
         """A server stream that lasts until the caller cancels it, its own deadline ends, or
-        MEMSVC_WATCH_MAX_STREAM_S passes (UNAVAILABLE, saying so: resume). Validation, the start position and the stream
-        slot are settled before the first change; an error later still ends the call with
-        its status (the caller resumes from the last position it handled)."""
+        MEMSVC_WATCH_MAX_STREAM_S passes (UNAVAILABLE, saying so: resume). Validation, the
+        start position and the stream slot are settled before the first change; an error
+        later still ends the call with its status (the caller resumes from the last position
+        it handled)."""
         stream = self._changes
         if stream is None:
             await self._unimplemented(context, "WatchMemories", "change stream")
