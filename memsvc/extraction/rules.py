@@ -192,9 +192,10 @@ def _fit(fact: CandidateFact, categories: Sequence[str], roles: Sequence[str]) -
     return replace(fact, category=category, role=role)
 
 
-# Characters of a job parsed at a time: about a tenth of a second of spaCy on one core, the
-# longest a cancelled job keeps the parser process, and another job waits for it.
-PARSE_CHUNK_CHARS = 4_000
+# Characters of a job parsed at a time: the longest a cancelled job keeps the parser
+# process, and another job waits for it. spaCy and the rules take about 1 s for 1,500
+# characters on a busy core (bench/fairness.py); a smaller chunk costs a round trip more.
+PARSE_CHUNK_CHARS = 1_500
 
 
 @dataclass(frozen=True)
