@@ -1,7 +1,7 @@
 """Fair extraction under a noisy neighbour (issue 31, item 1).
 
     python -m bench.fairness [--seconds 60] [--flood-users 24] [--b-ingest-every 3]
-                             [--b-recall-rate 4] [--server-path DIR]
+                             [--b-recall-rate 4] [--server-path DIR] [--env NAME=VALUE]
 
 Against `memsvc serve` with its workers on and default settings, tenant B ingests one user
 message every few seconds (time from the Ingest to DONE) and recalls at a steady rate
@@ -259,6 +259,9 @@ def main() -> None:
         help="keep the read gates that answer to the machine's load (off by default: on a "
         "shared machine they measure the other processes, not tenant A)",
     )
+    parser.add_argument(
+        "--env", action="append", default=[], help="NAME=VALUE for the server (repeatable)"
+    )
     args = parser.parse_args()
     if args.server_path:
         os.environ["PYTHONPATH"] = args.server_path
@@ -271,6 +274,7 @@ def main() -> None:
             "MEMSVC_READS_DEGRADE_QUEUE_MS": "0",
         }
     )
+    env |= dict(item.split("=", 1) for item in args.env)
     with served_stack(env) as target:
         key_a = asyncio.run(second_key(target.pg_dsn, "bench-a"))
         asyncio.run(warm_up(target))
