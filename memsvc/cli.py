@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import asyncpg
@@ -83,8 +84,19 @@ def _parser() -> argparse.ArgumentParser:
     create = keys_sub.add_parser("create", help="create a key for a tenant; printed once")
     create.add_argument("--tenant", required=True)
     create.add_argument("--label", default="")
-    revoke = keys_sub.add_parser("revoke", help="revoke a key")
-    revoke.add_argument("key")
+    listing = keys_sub.add_parser(
+        "list", help="ids, labels, tenants, created and last used (never the keys)"
+    )
+    listing.add_argument("--tenant", help="only this tenant's keys")
+    listing.add_argument("--all", action="store_true", help="revoked keys too")
+    revoke = keys_sub.add_parser(
+        "revoke", help="revoke a key (given in clear, by --id, or every key with a --label)"
+    )
+    which = revoke.add_mutually_exclusive_group(required=True)
+    which.add_argument("key", nargs="?", help="the key itself")
+    which.add_argument("--id", dest="key_id", help="the key's id, as `keys list` shows it")
+    which.add_argument("--label", help="every active key with this label")
+    revoke.add_argument("--tenant", help="with --label: only this tenant's keys")
 
     tenants = sub.add_parser(
         "tenants", help="per-tenant governance settings (against MEMSVC_PG_DSN)"
@@ -217,10 +229,53 @@ async def _run_keys(settings: Settings, args: argparse.Namespace) -> None:
         if args.keys_command == "create":
             key = await api_keys.create_key(conn, args.tenant, args.label)
             print(key)
-        elif not await api_keys.revoke_key(conn, args.key):
-            raise ConfigError("no active key matches")
+        elif args.keys_command == "list":
+            _print_keys(
+                await api_keys.list_keys(conn, tenant_id=args.tenant, include_revoked=args.all)
+            )
+        else:
+            await _revoke(conn, args)
     finally:
         await conn.close()
+
+
+def _print_keys(keys: list[api_keys.KeyInfo]) -> None:
+    def when(at: datetime | None) -> str:
+        return "-" if at is None else at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+    rows = [("id", "label", "tenant", "created", "last used", "revoked")]
+    rows += [
+        (
+            k.key_id,
+            k.label or "-",
+            k.tenant_id,
+            when(k.created_at),
+            when(k.last_used_at),
+            when(k.revoked_at),
+        )
+        for k in keys
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print(
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        )
+
+
+async def _revoke(conn: asyncpg.Connection[asyncpg.Record], args: argparse.Namespace) -> None:
+    """Revoke what the flags name; each revoked id is printed. Nothing matching is an error."""
+    if args.tenant and not args.label:
+        raise ConfigError("--tenant goes with --label")
+    if args.label is not None:
+        revoked = await api_keys.revoke_by_label(conn, args.label, tenant_id=args.tenant)
+    elif args.key_id is not None:
+        revoked = [args.key_id] if await api_keys.revoke_by_id(conn, args.key_id) else []
+    else:
+        revoked = ["(the key given)"] if await api_keys.revoke_key(conn, args.key) else []
+    if not revoked:
+        raise ConfigError("no active key matches")
+    for key_id in revoked:
+        print(f"revoked {key_id}")
 
 
 async def _run_tenants(settings: Settings, args: argparse.Namespace) -> None:

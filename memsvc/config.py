@@ -177,6 +177,14 @@ class Settings:
         "require an API key per call (`memsvc dev`: off unless this is set or `--auth` is given)",
     )
     default_tenant: str = setting("dev", "tenant of every call when authentication is off")
+    auth_unknown_lookups_per_s: float = setting(
+        20.0,
+        "database lookups per second, per process, of keys its key directory does not know "
+        "(past it such a key is refused without one; `0`: no limit)",
+    )
+    auth_unknown_cache_size: int = setting(
+        10_000, "unknown keys remembered per process (5 s each), apart from the known ones"
+    )
 
     # Every connection opened at start-up: one opened under load costs that moment about
     # 8 ms to connect and 8 ms more on its first queries (a new backend's cold caches).
@@ -223,6 +231,12 @@ class Settings:
     # Write path: Ingest limits, extraction and the workers.
     max_messages_per_ingest: int = setting(200, "messages per Ingest call")
     max_message_chars: int = setting(8_000, "longest Ingest message")
+    max_ingest_chars: int = setting(
+        64_000,
+        "characters of all the messages of one Ingest, the size budget of its extraction job "
+        "(parsed well inside `MEMSVC_WORKER_JOB_TIMEOUT_S` on a busy core); beyond, "
+        "`INVALID_ARGUMENT`: split the messages over several Ingests",
+    )
     max_goals: int = setting(20, "goals per Ingest call")
     extractor: str = setting("rules", "`rules` (offline, deterministic) or `openai`")
     openai_chat_base_url: str = setting(
@@ -252,6 +266,17 @@ class Settings:
     )
     run_workers: bool = setting(True, "run extraction workers inside `serve`/`dev`")
     worker_concurrency: int = setting(2, "extraction jobs at once per process")
+    worker_max_jobs_per_tenant: int = setting(
+        2,
+        "extraction jobs one tenant may have running at once over every worker; due jobs are "
+        "claimed tenant by tenant, fewest running first (`0`: no cap)",
+    )
+    worker_reserved_slots: int = setting(
+        1,
+        "slots of each worker (of `MEMSVC_WORKER_CONCURRENCY`, all but one at most) kept for "
+        "tenants with no job running, so another tenant's job starts at once however busy one "
+        "tenant keeps the workers (`0`: none)",
+    )
     worker_lease_s: float = setting(120.0, "lease of a job a worker took")
     worker_job_timeout_s: float = setting(90.0, "bound on one job (shorter than the lease)")
     worker_max_attempts: int = setting(5, "attempts before a job is `dead`")
@@ -459,21 +484,46 @@ class Settings:
     allow_plaintext: bool = setting(False, "allow plaintext on an address that is not loopback")
 
     # Per-tenant admission after authentication, so one tenant cannot starve another.
-    tenant_rate_per_s: float = setting(0.0, "per-tenant token bucket: calls per second (`0`: off)")
+    # On by default, at values one small tenant never meets (a 2-core process answers a few
+    # hundred calls a second in all): they stop a flood, the shares below divide the pools.
+    tenant_rate_per_s: float = setting(
+        1000.0, "per-tenant token bucket per process: calls per second (`0`: off)"
+    )
     tenant_burst: int = setting(0, "per-tenant token bucket: burst (`0`: one second's worth)")
-    tenant_max_in_flight: int = setting(0, "per-tenant calls in flight (`0`: off)")
+    tenant_max_in_flight: int = setting(128, "per-tenant calls in flight per process (`0`: off)")
+    reads_max_in_flight_per_tenant: int = setting(
+        16,
+        "Recall + Prefetch one tenant may have in flight per process, its share of "
+        "`MEMSVC_READS_MAX_IN_FLIGHT` (`0`: no own cap)",
+    )
+    pg_pool_max_per_tenant: int = setting(
+        10,
+        "pooled connections one tenant's calls may hold at once per process, its share of "
+        "`MEMSVC_PG_POOL_MAX`; past it they wait for their own (`0`: no own cap)",
+    )
+    stream_stall_s: float = setting(
+        30.0,
+        "a server stream (ExportMemories, WatchMemories) whose caller accepts no message for "
+        "this long is cut off with `DEADLINE_EXCEEDED` saying so (`0`: never)",
+    )
     # gRPC itself drops anything over twice this before memsvc reads it (RESOURCE_EXHAUSTED).
     max_request_bytes: int = setting(
         4 * 1024 * 1024, "largest request answered; beyond, `INVALID_ARGUMENT` with its size"
     )
     export_batch_rows: int = setting(500, "rows ExportMemories reads per cursor batch")
     export_max_in_flight: int = setting(
-        2,
+        4,
         "exports streaming at once per process (each holds a connection and a snapshot); "
         "beyond, `RESOURCE_EXHAUSTED` with a retry hint",
     )
+    export_max_in_flight_per_tenant: int = setting(
+        1, "exports one tenant may stream at once per process (`0`: no own cap)"
+    )
     export_default_deadline_s: int = setting(
         600, "deadline of an ExportMemories call that sets none"
+    )
+    export_max_deadline_s: int = setting(
+        900, "longest an ExportMemories call may run, whatever deadline it sets"
     )
     # Batch and import (issue 15).
     import_max_lines: int = setting(
@@ -489,6 +539,17 @@ class Settings:
     import_default_deadline_s: int = setting(
         600, "deadline of an ImportMemories call that sets none"
     )
+    import_max_deadline_s: int = setting(
+        900, "longest an ImportMemories call may run, whatever deadline it sets"
+    )
+    import_max_in_flight: int = setting(
+        4,
+        "imports running at once per process (each holds its lines in memory); beyond, "
+        "`RESOURCE_EXHAUSTED` with a retry hint",
+    )
+    import_max_in_flight_per_tenant: int = setting(
+        1, "imports one tenant may run at once per process (`0`: no own cap)"
+    )
     import_embed_batch: int = setting(
         128, "texts per embedder call when ImportMemories re-embeds what it imports"
     )
@@ -498,6 +559,11 @@ class Settings:
     )
     watch_max_streams_per_tenant: int = setting(
         100, "WatchMemories streams one tenant may hold open per process (`0`: no own cap)"
+    )
+    watch_max_stream_s: float = setting(
+        3600.0,
+        "a WatchMemories stream ends after this long with `UNAVAILABLE` saying so (resume "
+        "after the last position; memsvc.client does) (`0`: never)",
     )
     watch_poll_s: float = setting(
         2.0, "a WatchMemories stream also polls this often (covers a missed notification)"
@@ -648,6 +714,9 @@ class Settings:
             "import_max_bytes",
             "import_default_deadline_s",
             "import_embed_batch",
+            "export_max_deadline_s",
+            "import_max_deadline_s",
+            "import_max_in_flight",
             # Request limits: 0 would refuse every request that has the field.
             "max_content_chars",
             "max_id_chars",
@@ -658,6 +727,7 @@ class Settings:
             "max_query_chars",
             "max_messages_per_ingest",
             "max_message_chars",
+            "max_ingest_chars",
             "default_write_deadline_ms",
         ):
             if getattr(self, name) < 1:

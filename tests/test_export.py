@@ -489,10 +489,10 @@ async def test_the_client_streams_retries_a_refusal_and_cancels_when_stopped_ear
         records = [r async for r in client.export_memories(request)]
         assert json.loads(records[-1].json)["counts"]["message"] == 20_000
 
-        # Every export slot of the server taken: refused before any record, retried, then
-        # reported with the number of attempts.
+        # The tenant's share of the export slots taken: refused before any record, retried,
+        # then reported with the number of attempts.
         held = []
-        for _ in range(server.settings.export_max_in_flight):
+        for _ in range(server.settings.export_max_in_flight_per_tenant):
             call: Any = caller.stub.ExportMemories(request)
             assert (await call.read()).type == "message"
             held.append(call)

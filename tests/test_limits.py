@@ -101,6 +101,8 @@ LIMITS: list[tuple[str, object, str]] = [
     ("Ingest", _ingest(messages=[msg("alice", "x")] * 201), "messages"),
     ("Ingest", _ingest(messages=[msg("alice", "y" * 8001)]), "messages[0].text"),
     ("Ingest", _ingest(goals=["g"] * 21), "goals"),
+    # Each message within its limit, the whole over one job's budget (64,000).
+    ("Ingest", _ingest(messages=[msg("alice", "z" * 8000) for _ in range(9)]), "messages"),
     ("Recall", pb.RecallRequest(scope=ALICE, query="q" * 2001), "query"),
     ("Recall", pb.RecallRequest(scope=ALICE, query="q", top_k=101), "top_k"),
     ("Prefetch", pb.PrefetchRequest(scope=ALICE, hint="h" * 2001), "hint"),

@@ -23,7 +23,7 @@ from memsvc.client import MemoryClient
 from memsvc.config import Settings
 from memsvc.embedding import Embedder
 from memsvc.server.app import MemsvcServer
-from memsvc.storage import changes
+from memsvc.storage import notifications
 from memsvc.v1 import memory_pb2 as pb
 from tests.conftest import Caller, started_server
 from tests.ingest_helpers import ingest, msg
@@ -559,8 +559,8 @@ async def test_a_dropped_listener_reconnects_and_no_change_is_lost(
     async with pool.acquire() as conn:
         killed = await conn.fetchval(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
-            " WHERE query LIKE 'LISTEN%' || $1 || '%' AND pid <> pg_backend_pid()",
-            changes.CHANNEL,
+            " WHERE application_name = $1 AND pid <> pg_backend_pid()",
+            notifications.APPLICATION_NAME,
         )
     assert killed >= 1
     async with asyncio.timeout(5):

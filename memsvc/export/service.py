@@ -1,10 +1,12 @@
 """ExportService: one snapshot, each kind through a cursor in bounded batches, then a summary.
 
 An export holds one pooled connection (and one read-only REPEATABLE READ snapshot) for as
-long as it streams, so a process runs at most `max_in_flight` of them; beyond that a call is
-refused at once (RESOURCE_EXHAUSTED with a retry hint) rather than starving the short reads
-of connections. The stream stops at the budget (DEADLINE_EXCEEDED) and, when the caller
-cancels, the cursor and transaction go with the handler's task.
+long as it streams, so a process runs at most `max_in_flight` of them, and one tenant at
+most `max_in_flight_per_tenant` (its share: two streams held open by one tenant no longer
+refuse everyone else's); beyond that a call is refused at once (RESOURCE_EXHAUSTED with a
+retry hint) rather than starving the short reads of connections. The stream stops at the
+budget (DEADLINE_EXCEEDED; the servicer caps it at MEMSVC_EXPORT_MAX_DEADLINE_S) and, when
+the caller cancels, the cursor and transaction go with the handler's task.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from dataclasses import dataclass
 import asyncpg
 
 from memsvc.concurrency.deadline import Budget
-from memsvc.errors import DeadlineExceeded, ResourceExhausted, Unavailable
+from memsvc.concurrency.shares import TenantSlots
+from memsvc.errors import DeadlineExceeded, Unavailable
 from memsvc.export import encode
 from memsvc.observability import metrics
 from memsvc.storage import export as sql
@@ -44,33 +47,34 @@ class ExportConfig:
     max_in_flight: int
     acquire_timeout_s: float
     fetch_timeout_s: float
+    max_in_flight_per_tenant: int = 0
 
 
 class ExportService:
     def __init__(self, pool: asyncpg.Pool, config: ExportConfig) -> None:
         self._pool = pool
         self._config = config
-        self._in_flight = 0
+        self._slots = TenantSlots(
+            "ExportMemories streams",
+            total=config.max_in_flight,
+            per_tenant=config.max_in_flight_per_tenant,
+            retry_after_s=BUSY_RETRY_AFTER_S,
+        )
 
     @property
     def in_flight(self) -> int:
-        return self._in_flight
+        return self._slots.in_use
 
     async def export(self, subject: Subject, budget: Budget) -> AsyncIterator[ExportRecord]:
         """Every record of the subject, kind by kind, then the summary."""
-        if self._in_flight >= self._config.max_in_flight:
-            raise ResourceExhausted(
-                f"{self._config.max_in_flight} exports are already running on this server;"
-                " retry shortly",
-                retry_after_s=BUSY_RETRY_AFTER_S,
-            )
-        self._in_flight += 1
+        tenant = subject.scope.tenant_id
+        self._slots.take(tenant)
         metrics.EXPORTS_IN_FLIGHT.inc()
         try:
             async for record in self._stream(subject, budget):
                 yield record
         finally:
-            self._in_flight -= 1
+            self._slots.give_back(tenant)
             metrics.EXPORTS_IN_FLIGHT.dec()
 
     def _fetch_timeout(self, budget: Budget) -> float:

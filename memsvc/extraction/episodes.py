@@ -24,15 +24,14 @@ _MAX_SUMMARY_FACTS = 6
 _BRACKETED = re.compile(r"\[[^\[\]]*\]")
 
 
-def _subjects(docs: Sequence[Doc]) -> list[str]:
-    """The things talked about, most mentioned first: noun chunks and names, bare."""
-    counts: Counter[str] = Counter()
-    first: dict[str, int] = {}
-    position = 0
+def subject_mentions(docs: Sequence[Doc]) -> list[tuple[str, int]]:
+    """The things talked about, in order of mention: (key, weight) per noun chunk or name,
+    bare. Mentions of consecutive parts of a conversation concatenate (a job parsed in
+    chunks)."""
+    mentions: list[tuple[str, int]] = []
     for doc in docs:
         brackets = [m.span() for m in _BRACKETED.finditer(doc.text)]
         for chunk in doc.noun_chunks:
-            position += 1
             if chunk.root.pos_ in ("PRON", "NUM") or chunk.root.lemma_.lower() in _VAGUE:
                 continue
             start, end = chunk.start_char, chunk.end_char
@@ -44,9 +43,17 @@ def _subjects(docs: Sequence[Doc]) -> list[str]:
             words = [w for w in words if w.lower() not in ("so", "such", "really", "very")]
             if not words:
                 continue
-            key = " ".join(words)
-            counts[key.lower()] += 1 + (len(words) > 1)
-            first.setdefault(key.lower(), position)
+            mentions.append((" ".join(words).lower(), 1 + (len(words) > 1)))
+    return mentions
+
+
+def _subjects(mentions: Sequence[tuple[str, int]]) -> list[str]:
+    """The things talked about, most mentioned first (then first mentioned)."""
+    counts: Counter[str] = Counter()
+    first: dict[str, int] = {}
+    for position, (key, weight) in enumerate(mentions):
+        counts[key] += weight
+        first.setdefault(key, position)
     ranked = sorted(counts, key=lambda k: (-counts[k], first[k]))
     return ranked
 
@@ -58,12 +65,15 @@ def _join(items: Sequence[str]) -> str:
 
 
 def summarize(
-    turns: Sequence[Turn], facts: Sequence[CandidateFact], docs: Sequence[Doc]
+    turns: Sequence[Turn],
+    facts: Sequence[CandidateFact],
+    mentions: Sequence[tuple[str, int]],
 ) -> CandidateEpisode:
     """Title: the two most talked-about things and the date; summary: who talked about what
-    and when, then the facts learned (events first)."""
+    and when, then the facts learned (events first). ``mentions``: subject_mentions of the
+    turns' parses."""
     when = day_text(min(t.sent_at for t in turns))
-    subjects = _subjects(docs)[:3]
+    subjects = _subjects(mentions)[:3]
     if subjects:
         title = f"The user on {_join(subjects[:2])}, {when}"
         opening = f"On {when}, the user talked about {_join(subjects)}."

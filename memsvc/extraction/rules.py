@@ -22,7 +22,7 @@ from memsvc.extraction.base import (
     ExtractionInput,
     Turn,
 )
-from memsvc.extraction.episodes import summarize
+from memsvc.extraction.episodes import subject_mentions, summarize
 from memsvc.extraction.language import LanguageModel, load_language_model, verify_installed_model
 from memsvc.extraction.parser_process import parse_elsewhere
 from memsvc.extraction.predicates import TOPIC_OF_PREDICATE
@@ -192,13 +192,71 @@ def _fit(fact: CandidateFact, categories: Sequence[str], roles: Sequence[str]) -
     return replace(fact, category=category, role=role)
 
 
+# Characters of a job parsed at a time: the longest a cancelled job keeps the parser
+# process, and another job waits for it. spaCy and the rules take about 1 s for 1,500
+# characters on a busy core (bench/fairness.py); a smaller chunk costs a round trip more.
+PARSE_CHUNK_CHARS = 1_500
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """What the parse of some turns gives: facts in turn order, subject mentions."""
+
+    facts: tuple[CandidateFact, ...]
+    mentions: tuple[tuple[str, int], ...]
+
+
+def _chunks(data: ExtractionInput, max_chars: int) -> list[ExtractionInput]:
+    """The turns in consecutive runs of at most ``max_chars`` characters (or one turn)."""
+    chunks: list[ExtractionInput] = []
+    run: list[Turn] = []
+    size = 0
+    for turn in data.turns:
+        if run and size + len(turn.text) > max_chars:
+            chunks.append(replace(data, turns=tuple(run)))
+            run, size = [], 0
+        run.append(turn)
+        size += len(turn.text)
+    if run:
+        chunks.append(replace(data, turns=tuple(run)))
+    return chunks
+
+
+def _assemble(data: ExtractionInput, parts: Sequence[Parsed]) -> Extraction:
+    """One extraction from the parses of consecutive chunks of the turns."""
+    facts: list[CandidateFact] = []
+    seen: set[str] = set()
+    for part in parts:
+        for fact in part.facts:
+            key = fact.content.casefold()
+            if key not in seen:
+                seen.add(key)
+                facts.append(_fit(fact, data.categories, data.roles))
+    facts = facts[: data.max_facts]
+    topics = tuple(sorted({TOPIC_OF_PREDICATE.get(f.predicate, "conversation") for f in facts}))
+    mentions = [mention for part in parts for mention in part.mentions]
+    return Extraction(
+        episode=summarize(data.turns, facts, mentions),
+        facts=tuple(facts),
+        topics=topics or ("conversation",),
+    )
+
+
 class RulesExtractor:
     """Deterministic, offline extraction; it has no model, so gray-zone decisions use rules."""
 
-    def __init__(self, language: LanguageModel | None = None, *, offload: bool = True) -> None:
+    def __init__(
+        self,
+        language: LanguageModel | None = None,
+        *,
+        offload: bool = True,
+        chunk_chars: int = PARSE_CHUNK_CHARS,
+    ) -> None:
         """`offload`: parse in the parser process (off this process's GIL); a given
-        `language`, or offload=False, parses in a thread of this process."""
+        `language`, or offload=False, parses in a thread of this process. `chunk_chars`:
+        characters parsed at a time (see `extract`)."""
         self._language = language
+        self._chunk_chars = chunk_chars
         self._offload = offload and language is None
         if self._offload:
             verify_installed_model()  # fail at start-up, not at the first job
@@ -210,9 +268,13 @@ class RulesExtractor:
         return "rules"
 
     def extract_sync(self, data: ExtractionInput) -> Extraction:
-        """The work of `extract`, for a thread (parsing is CPU-bound)."""
+        """The work of `extract` at once, for a thread (parsing is CPU-bound)."""
         if not data.turns:
             return Extraction(episode=None)
+        return _assemble(data, [self.parse_sync(data)])
+
+    def parse_sync(self, data: ExtractionInput) -> Parsed:
+        """The CPU-bound part for some turns: their facts and subject mentions."""
         said = []
         for turn in data.turns:
             text = restore_subject(turn.text.replace("\u2019", "'").replace("\u2018", "'"))
@@ -221,26 +283,27 @@ class RulesExtractor:
         if self._language is None:
             self._language = load_language_model()
         docs = self._language.parse([s.text for s in said])
-        facts: list[CandidateFact] = []
-        seen: set[str] = set()
-        for item, doc in zip(said, docs, strict=True):
-            for fact in facts_of_turn(item, doc):
-                key = fact.content.casefold()
-                if key not in seen:
-                    seen.add(key)
-                    facts.append(_fit(fact, data.categories, data.roles))
-        facts = facts[: data.max_facts]
-        topics = tuple(sorted({TOPIC_OF_PREDICATE.get(f.predicate, "conversation") for f in facts}))
-        return Extraction(
-            episode=summarize(data.turns, facts, docs),
-            facts=tuple(facts),
-            topics=topics or ("conversation",),
-        )
+        facts = [
+            fact for item, doc in zip(said, docs, strict=True) for fact in facts_of_turn(item, doc)
+        ]
+        return Parsed(tuple(facts), tuple(subject_mentions(docs)))
 
     async def extract(self, data: ExtractionInput) -> Extraction:
+        """Parsed a chunk of turns at a time (at most ``chunk_chars`` characters, or one
+        turn): a job cancelled (its deadline, its deletion, a shutdown) stops parsing after
+        the chunk in hand, and the parser process takes the chunks of concurrent jobs in
+        turn instead of one whole job after another."""
+        if not data.turns:
+            return Extraction(episode=None)
+        parts = []
+        for chunk in _chunks(data, self._chunk_chars):
+            parts.append(await self._parse_chunk(chunk))
+        return _assemble(data, parts)
+
+    async def _parse_chunk(self, chunk: ExtractionInput) -> Parsed:
         if self._offload:
-            return await parse_elsewhere(_extract_in_parser_process, data)
-        return await asyncio.to_thread(self.extract_sync, data)
+            return await parse_elsewhere(_parse_in_parser_process, chunk)
+        return await asyncio.to_thread(self.parse_sync, chunk)
 
     async def decide(
         self, candidate: CandidateFact, existing: Sequence[ExistingFact]
@@ -254,9 +317,9 @@ class RulesExtractor:
 _IN_PARSER_PROCESS: RulesExtractor | None = None
 
 
-def _extract_in_parser_process(data: ExtractionInput) -> Extraction:
+def _parse_in_parser_process(data: ExtractionInput) -> Parsed:
     """Runs in the parser process: one extractor (and one loaded model) for its lifetime."""
     global _IN_PARSER_PROCESS
     if _IN_PARSER_PROCESS is None:
         _IN_PARSER_PROCESS = RulesExtractor(offload=False)
-    return _IN_PARSER_PROCESS.extract_sync(data)
+    return _IN_PARSER_PROCESS.parse_sync(data)

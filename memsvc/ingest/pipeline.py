@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, fields, replace
 
 import asyncpg
 import numpy as np
+import numpy.typing as npt
 
 from memsvc.cache.invalidation import PacketInvalidator
 from memsvc.config import WORKER_ACQUIRE_TIMEOUT_S
@@ -65,6 +66,8 @@ from memsvc.storage.outbox import Job
 log = logging.getLogger(__name__)
 
 _TOPIC_VECTORS_MAX = 4_096
+# Texts per call to the embedder (see ExtractionPipeline._embed_texts).
+_EMBED_PIECE = 8
 # The episode's vector is of its title and the head of its summary (the opening: what was
 # talked about, and when). A session ingested turn by turn grows its summary with every job,
 # and one embedding took 68 ms at 1,000 characters against 21 ms at 300 on this machine; the
@@ -234,9 +237,7 @@ class ExtractionPipeline:
             return 0
         try:
             # The unit: `{name} said, "{text}"` (storage.messages.UNIT_SQL).
-            vectors = await self._embedder.embed(
-                [r["unit"] for r in todo], timeout_s=self._settings.embed_timeout_s
-            )
+            vectors = await self._embed_texts([r["unit"] for r in todo])
         except EmbeddingError as exc:
             log.warning("message embedding failed, left for reconcile: %s", type(exc).__name__)
             return 0
@@ -341,6 +342,20 @@ class ExtractionPipeline:
         episode = self._screen_episode(episode, policy, outcome, holds_redacted=holds_redacted)
         return await self._embed(candidates, topics, episode, previous)
 
+    async def _embed_texts(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        """The texts' vectors, _EMBED_PIECE texts a call: the background embedder takes its
+        calls in turn, so another job's small call waits for one piece of a big job's
+        embeddings, not all of them (issue 31)."""
+        if not texts:
+            return np.zeros((0, self._embedder.dimension), dtype=np.float32)
+        pieces = [
+            await self._embedder.embed(
+                texts[i : i + _EMBED_PIECE], timeout_s=self._settings.embed_timeout_s
+            )
+            for i in range(0, len(texts), _EMBED_PIECE)
+        ]
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+
     async def _embed(
         self,
         candidates: list[CandidateFact],
@@ -356,11 +371,7 @@ class ExtractionPipeline:
         reused = self._same_episode_vector(previous, episode_text)
         if episode is not None and reused is None:
             texts.append(episode_text)
-        vectors = (
-            await self._embedder.embed(texts, timeout_s=self._settings.embed_timeout_s)
-            if texts
-            else np.zeros((0, self._embedder.dimension), dtype=np.float32)
-        )
+        vectors = await self._embed_texts(texts)
         for name, vec in zip(
             new_topics, vectors[len(candidates) : len(candidates) + len(new_topics)], strict=True
         ):

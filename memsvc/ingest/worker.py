@@ -32,7 +32,7 @@ from memsvc.config import WORKER_ACQUIRE_TIMEOUT_S
 from memsvc.ingest.failures import Failure, Verdict, classify
 from memsvc.ingest.pipeline import ExtractionPipeline, Outcome
 from memsvc.observability import metrics
-from memsvc.storage import citus, outbox
+from memsvc.storage import outbox
 from memsvc.storage.connection import Connection
 from memsvc.storage.errors import DATABASE_DOWN
 from memsvc.storage.outbox import Job
@@ -46,6 +46,10 @@ CHANNEL = "memsvc_outbox"
 MAX_ANNOUNCED = 100_000
 _LISTEN_BACKOFF_BASE_S = 0.5
 _LISTEN_BACKOFF_MAX_S = 10.0
+
+
+class JobGone(Exception):
+    """The running job was deleted or taken over by another worker."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,14 @@ class WorkerSettings:
     # a call's wait for a connection.
     acquire_timeout_s: float = WORKER_ACQUIRE_TIMEOUT_S
     statement_timeout_s: float = 5.0
+    # Jobs one tenant may have running at once over every worker (0: no cap); claims go to
+    # tenants turn by turn, fewest running first (outbox.claim_fairly).
+    max_jobs_per_tenant: int = 0
+    # Slots of this worker kept for tenants with no job running (at most concurrency - 1).
+    reserved_slots: int = 0
+    # How often a running job checks that it is still wanted (not deleted, not taken over):
+    # when it is not, its work is cancelled, parsing included (0: never checks).
+    job_check_s: float = 2.0
 
 
 class OutboxWorker:
@@ -104,10 +116,6 @@ class OutboxWorker:
         self._claiming = 0
         self._rng = random.Random()
         self._last_periodic = 0.0
-        # Whether claims over all users go one user at a time (a Citus database, where
-        # SKIP LOCKED needs a single-shard statement; see outbox.claim_by_user). Found out
-        # at the first claim.
-        self._claims_by_user: bool | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -300,26 +308,7 @@ class OutboxWorker:
             self._claiming += 1
             try:
                 async with self._acquire() as conn:
-                    if self._claims_by_user is None:
-                        self._claims_by_user = await citus.has_citus(conn)
-                    if user_id is None and self._claims_by_user:
-                        jobs = await outbox.claim_by_user(
-                            conn,
-                            worker_id=self.worker_id,
-                            lease_s=self._settings.lease_s,
-                            limit=free,
-                            timeout_s=self._settings.statement_timeout_s,
-                        )
-                    else:
-                        jobs = await outbox.claim(
-                            conn,
-                            worker_id=self.worker_id,
-                            lease_s=self._settings.lease_s,
-                            limit=free,
-                            tenant_id=tenant_id,
-                            user_id=user_id,
-                            timeout_s=self._settings.statement_timeout_s,
-                        )
+                    jobs = await self._claim(conn, free, tenant_id, user_id)
                 for job in jobs:
                     self._spawn_job(job)
             finally:
@@ -332,6 +321,53 @@ class OutboxWorker:
                 await self._wait_jobs()
         return claimed
 
+    async def _claim(
+        self, conn: Connection, free: int, tenant_id: str | None, user_id: str | None
+    ) -> list[Job]:
+        """Up to ``free`` due jobs (one user's, when given). The last ``reserved_slots`` free
+        slots go only to tenants with no job running: however busy one tenant keeps the
+        workers, another's job starts at once."""
+        s = self._settings
+        reserved = min(s.reserved_slots, s.concurrency - 1)
+        anyone = max(0, free - reserved)
+        if user_id is not None and tenant_id is not None:
+            cap = s.max_jobs_per_tenant if anyone else 1
+            if (
+                cap
+                and await outbox.running_jobs(conn, tenant_id, timeout_s=s.statement_timeout_s)
+                >= cap
+            ):
+                return []  # a read's kick does not get a tenant past its cap either
+            return await outbox.claim(
+                conn,
+                worker_id=self.worker_id,
+                lease_s=s.lease_s,
+                limit=free,
+                tenant_id=tenant_id,
+                user_id=user_id,
+                timeout_s=s.statement_timeout_s,
+            )
+        jobs: list[Job] = []
+        if anyone:
+            jobs = await outbox.claim_fairly(
+                conn,
+                worker_id=self.worker_id,
+                lease_s=s.lease_s,
+                limit=anyone,
+                max_per_tenant=s.max_jobs_per_tenant,
+                timeout_s=s.statement_timeout_s,
+            )
+        if free > len(jobs):
+            jobs += await outbox.claim_fairly(
+                conn,
+                worker_id=self.worker_id,
+                lease_s=s.lease_s,
+                limit=free - len(jobs),
+                max_per_tenant=1,
+                timeout_s=s.statement_timeout_s,
+            )
+        return jobs
+
     def _acquire(self) -> asyncpg.pool.PoolAcquireContext:
         return self._pool.acquire(timeout=self._settings.acquire_timeout_s)
 
@@ -343,7 +379,13 @@ class OutboxWorker:
             return
         try:
             async with asyncio.timeout(self._settings.job_timeout_s):
-                outcome = await self._pipeline.run(job)
+                outcome = await self._watched(job)
+        except JobGone:
+            # Deleted (ForgetSession, erasure) or taken over: nothing to record, and its
+            # parsing already stopped.
+            metrics.INGEST_JOBS.labels("gone").inc()
+            log.info("ingest %s stopped: the job was deleted or taken over", job.ingest_id)
+            return
         except asyncio.CancelledError:
             # Shutdown: hand the job back at once rather than waiting for the lease to expire
             # (if the database is gone too, the lease does it). The cancellation goes on.
@@ -364,6 +406,33 @@ class OutboxWorker:
         finally:
             metrics.JOB_SECONDS.observe(time.perf_counter() - started)
         await asyncio.shield(self._done(job, outcome))
+
+    async def _watched(self, job: Job) -> Outcome:
+        """The pipeline's run of the job, checked every ``job_check_s`` to still be this
+        worker's: when the job was deleted or taken over meanwhile, the run is cancelled
+        (JobGone). Cancelled itself (the job's deadline, a shutdown), it cancels the run."""
+        work = asyncio.ensure_future(self._pipeline.run(job))
+        try:
+            while True:
+                check_s = self._settings.job_check_s
+                done, _ = await asyncio.wait({work}, timeout=check_s if check_s > 0 else None)
+                if done:
+                    return work.result()
+                try:
+                    async with self._acquire() as conn:
+                        wanted = await outbox.still_leased(
+                            conn, job, timeout_s=self._settings.statement_timeout_s
+                        )
+                except DATABASE_DOWN:
+                    continue  # unknown: run on (the final state write decides)
+                if not wanted:
+                    raise JobGone
+        finally:
+            if not work.done():
+                work.cancel()
+                await asyncio.wait({work})
+            if not work.cancelled():
+                work.exception()  # retrieved, also when it failed after we stopped waiting
 
     async def _done(self, job: Job, outcome: Outcome) -> None:
         async with self._acquire() as conn:

@@ -54,6 +54,15 @@ TENANT_LIMITED = Counter(
     "Calls refused RESOURCE_EXHAUSTED by a per-tenant limit (rate or in_flight)",
     ["limit"],
 )
+# Authentication (issue 31): database lookups of keys the directory did not answer, and
+# calls refused UNAUTHENTICATED, by reason (missing, malformed, unknown, revoked_or_unknown).
+AUTH_LOOKUPS = Counter(
+    "memsvc_auth_lookups_total",
+    "API key lookups that went to the database (the key directory could not answer)",
+)
+AUTH_FAILURES = Counter(
+    "memsvc_auth_failures_total", "Calls refused UNAUTHENTICATED, by reason", ["reason"]
+)
 
 # Embedding, by model and by who asked: query (Recall, Prefetch), write (Remember, Correct),
 # extraction (workers), reconcile (re-embedding).

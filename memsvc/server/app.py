@@ -61,6 +61,7 @@ class MemsvcServer:
         )
         self._server: grpc.aio.Server | None = None
         self._health: AsyncHealthServicer | None = None
+        self._auth: Authenticator | None = None
         self.pool: asyncpg.Pool | None = None
         self.port: int = 0
         #: Where /metrics is served (0: not served).
@@ -80,8 +81,13 @@ class MemsvcServer:
                 runtime.pool,
                 enabled=settings.auth_enabled,
                 default_tenant=settings.default_tenant,
+                listener=runtime.listener,
                 acquire_timeout_s=settings.pg_acquire_timeout_ms / 1000,
+                unknown_lookups_per_s=settings.auth_unknown_lookups_per_s,
+                unknown_cache_size=settings.auth_unknown_cache_size,
             )
+            auth.start()
+            self._auth = auth
             worker = runtime.worker
             core_queue = runtime.core_queue
             servicer = MemoryServicer(
@@ -109,7 +115,9 @@ class MemsvcServer:
             server = grpc.aio.server(
                 interceptors=[
                     ObservingInterceptor(
-                        max_request_bytes=settings.max_request_bytes, core_queue=core_queue
+                        max_request_bytes=settings.max_request_bytes,
+                        core_queue=core_queue,
+                        stream_stall_s=settings.stream_stall_s,
                     )
                 ],
                 options=[
@@ -171,6 +179,7 @@ class MemsvcServer:
             if self._server is not None:
                 await self._server.stop(None)
                 self._server = None
+            await self._stop_auth()
             await self.runtime.close()
             raise
         return self.port
@@ -186,7 +195,13 @@ class MemsvcServer:
             self._server = None
         await self._metrics.stop()
         self.metrics_port = 0
+        await self._stop_auth()
         await self.runtime.close()
+
+    async def _stop_auth(self) -> None:
+        auth, self._auth = self._auth, None
+        if auth is not None:
+            await auth.stop()
 
     async def __aenter__(self) -> Self:
         await self.start()

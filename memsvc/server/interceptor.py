@@ -22,7 +22,7 @@ import grpc
 from google.protobuf.message import DecodeError
 from grpc._cython import cygrpc  # type: ignore[attr-defined]
 
-from memsvc.errors import InvalidArgument
+from memsvc.errors import DeadlineExceeded, InvalidArgument
 from memsvc.observability import call_context, metrics
 from memsvc.server import request_context, status
 from memsvc.server.core_queue import CoreQueue
@@ -137,10 +137,20 @@ class _Call:
 class ObservingInterceptor(_ServerInterceptor):
     """Wraps each method's handler once (cached per method) with the observation."""
 
-    def __init__(self, *, max_request_bytes: int, core_queue: CoreQueue | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        max_request_bytes: int,
+        core_queue: CoreQueue | None = None,
+        stream_stall_s: float = 0.0,
+    ) -> None:
         """``core_queue``: told when each handler starts and ends (it counts the calls
-        queued in front of them)."""
+        queued in front of them). ``stream_stall_s``: a server stream whose caller accepts
+        no message for this long (flow control holds the write) is cut off, so a stalled
+        reader does not keep what the stream holds (a slot, a connection, a snapshot); 0:
+        never."""
         self._max_request_bytes = max_request_bytes
+        self._stream_stall_s = stream_stall_s
         self._core_queue = core_queue
         self._wrapped: dict[str, tuple[Handler, Handler]] = {}
 
@@ -235,6 +245,7 @@ class ObservingInterceptor(_ServerInterceptor):
             # A coroutine that writes with context.write (the health Watch).
             return self._unary(behavior, path, series)
         queue = self._core_queue
+        stall_s = self._stream_stall_s
 
         # A coroutine that writes each response, not a generator that yields it: grpc cancels
         # a call (caller gone, deadline passed) by cancelling the handler's task, which then
@@ -249,7 +260,20 @@ class ObservingInterceptor(_ServerInterceptor):
                 responses: AsyncGenerator[Any, None] = behavior(request, context)
                 try:
                     async for response in responses:
-                        await context.write(response)
+                        if stall_s <= 0:
+                            await context.write(response)
+                            continue
+                        try:
+                            async with asyncio.timeout(stall_s):
+                                await context.write(response)
+                        except TimeoutError:
+                            stalled = True
+                        else:
+                            stalled = False
+                        if stalled:
+                            # The generator (its slot, cursor and snapshot) closes first.
+                            await responses.aclose()
+                            await status.abort(context, _stalled(stall_s))
                 finally:
                     await responses.aclose()
             except BaseException as exc:
@@ -258,3 +282,10 @@ class ObservingInterceptor(_ServerInterceptor):
             call.finish(context.code() or grpc.StatusCode.OK)
 
         return observed
+
+
+def _stalled(stall_s: float) -> DeadlineExceeded:
+    return DeadlineExceeded(
+        f"stream cut off: the caller accepted no message for {stall_s:g} s (the longest this"
+        " server holds a stream for a stalled reader); read steadily, or call again"
+    )

@@ -111,6 +111,8 @@ def worker_settings(settings: Settings) -> WorkerSettings:
         sweep_interval_s=settings.worker_sweep_interval_s,
         reconcile_interval_s=settings.reconcile_interval_s,
         statement_timeout_s=settings.pg_command_timeout_ms / 1000,
+        max_jobs_per_tenant=settings.worker_max_jobs_per_tenant,
+        reserved_slots=settings.worker_reserved_slots,
     )
 
 
@@ -297,6 +299,7 @@ class Runtime:
             ExportConfig(
                 batch_rows=settings.export_batch_rows,
                 max_in_flight=settings.export_max_in_flight,
+                max_in_flight_per_tenant=settings.export_max_in_flight_per_tenant,
                 acquire_timeout_s=acquire_timeout_s,
                 fetch_timeout_s=settings.pg_command_timeout_ms / 1000,
             ),

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import math
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
@@ -12,6 +14,7 @@ import grpc
 
 from memsvc.concurrency.cpu_busy import CpuBusy
 from memsvc.concurrency.deadline import Budget
+from memsvc.concurrency.shares import TenantSlots
 from memsvc.config import Settings
 from memsvc.embedding import EmbeddingError
 from memsvc.errors import (
@@ -52,7 +55,7 @@ from memsvc.server import (
     validate_update,
     validate_watch,
 )
-from memsvc.server.admission import InFlightLimit, TenantLimits
+from memsvc.server.admission import IN_FLIGHT_RETRY_AFTER_S, InFlightLimit, TenantLimits
 from memsvc.server.auth import Authenticator, Metadata
 from memsvc.server.core_queue import CoreQueue
 from memsvc.storage.errors import map_db_error
@@ -65,6 +68,8 @@ log = logging.getLogger(__name__)
 
 Reply = TypeVar("Reply")
 Query = TypeVar("Query")
+# An import holds its lines until all are checked, seconds to minutes: a slot frees then.
+IMPORT_RETRY_AFTER_S = 1.0
 # Reads end their own legs at the budget; this outer guard is only a last resort.
 READ_GUARD_SLACK_S = 0.25
 Context = grpc.aio.ServicerContext[object, object]
@@ -79,8 +84,13 @@ def to_memsvc_error(exc: Exception) -> MemsvcError | None:
     return map_db_error(exc)
 
 
-# Answers about the request itself, not the service: not worth a log line each.
-_CALLER_ERRORS = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND)
+# Answers about the request itself, not the service: not worth a log line each. Failed
+# authentication is counted and summarized by the authenticator (observability/auth_log.py).
+_CALLER_ERRORS = (
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.UNAUTHENTICATED,
+)
 
 
 def answer_for(rpc: str, exc: Exception) -> MemsvcError:
@@ -166,6 +176,23 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             burst=settings.tenant_burst,
             max_in_flight=settings.tenant_max_in_flight,
         )
+        # Each tenant's share of the read slots (the total is the read gate's, above) and of
+        # the import slots.
+        self._tenant_reads = TenantSlots(
+            "reads (Recall, Prefetch) in flight",
+            total=max(1, settings.reads_max_in_flight),
+            per_tenant=settings.reads_max_in_flight_per_tenant,
+            retry_after_s=IN_FLIGHT_RETRY_AFTER_S,
+            # Half the gate's cap as it stands: when a saturated machine brings it down to
+            # a few reads, one tenant still cannot take them all.
+            share_now=lambda: self._reads.cap // 2,
+        )
+        self._imports = TenantSlots(
+            "ImportMemories calls",
+            total=max(1, settings.import_max_in_flight),
+            per_tenant=settings.import_max_in_flight_per_tenant,
+            retry_after_s=IMPORT_RETRY_AFTER_S,
+        )
 
     async def _run(
         self,
@@ -175,19 +202,17 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         *,
         default_deadline_ms: int,
         guard_slack_s: float = 0.0,
+        max_deadline_ms: int | None = None,
     ) -> Reply:
         """``guard_slack_s``: reads manage their own budget (they answer degraded, never late),
-        so their outer guard sits that much later and only fires if something overran."""
+        so their outer guard sits that much later and only fires if something overran.
+        ``max_deadline_ms``: the longest the call may run, whatever deadline it set."""
         try:
             tenant = await self._auth.tenant(_metadata(context))
             call_context.tenant.set(tenant)
             # After authentication, so a tenant is limited by what it sends, never by others.
             with self._tenants.admit(tenant):
-                budget = Budget.from_remaining(
-                    context.time_remaining(),
-                    default_ms=default_deadline_ms,
-                    margin_ms=self._settings.deadline_margin_ms,
-                )
+                budget = self._budget(context, default_deadline_ms, max_deadline_ms)
                 if budget.expired:
                     raise _deadline_too_short(self._settings.deadline_margin_ms)
                 async with asyncio.timeout(budget.remaining() + guard_slack_s):
@@ -195,6 +220,16 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         except Exception as exc:  # every failure is answered with a status: mapped here
             error = answer_for(rpc, exc)
         await status.abort(context, error)
+
+    def _budget(self, context: Context, default_ms: int, max_ms: int | None = None) -> Budget:
+        """The call's budget: its deadline (``default_ms`` when it set none), at most
+        ``max_ms`` (a long stream cannot hold its slot, connection or snapshot for ever)."""
+        remaining = context.time_remaining()
+        if max_ms is not None:
+            remaining = min(default_ms / 1000 if remaining is None else remaining, max_ms / 1000)
+        return Budget.from_remaining(
+            remaining, default_ms=default_ms, margin_ms=self._settings.deadline_margin_ms
+        )
 
     def _write_deadline(self) -> int:
         return self._settings.default_write_deadline_ms
@@ -404,7 +439,10 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             query = parse(valid)
             self._notify_read(valid)
             floor_s = floor() if floor is not None else None
-            with self._reads.slot(budget.remaining(), floor_s=floor_s):
+            with (
+                self._tenant_reads.hold(tenant),
+                self._reads.slot(budget.remaining(), floor_s=floor_s),
+            ):
                 return await serve(query, budget)
 
         # Refused on arrival while the server is saturated, before authentication and
@@ -437,10 +475,10 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             call_context.tenant.set(tenant)
             with self._tenants.admit(tenant):
                 subject = validate_export.export(request, tenant, self._settings)
-                budget = Budget.from_remaining(
-                    context.time_remaining(),
-                    default_ms=self._settings.export_default_deadline_s * 1000,
-                    margin_ms=self._settings.deadline_margin_ms,
+                budget = self._budget(
+                    context,
+                    self._settings.export_default_deadline_s * 1000,
+                    self._settings.export_max_deadline_s * 1000,
                 )
                 async for record in service.export(subject, budget):
                     yield pb.ExportRecord(type=record.type, json=record.json)
@@ -678,10 +716,17 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             raise AssertionError("unreachable")
 
         async def handle(tenant: str, budget: Budget) -> pb.ImportMemoriesResponse:
-            stream = await validate_batch.import_stream(request_iterator, tenant, self._settings)
-            result = await service.import_lines(
-                stream.scope, stream.lines, budget, keep_record_scopes=stream.keep_record_scopes
-            )
+            # Taken before the lines are read: it is their memory and time the slot bounds.
+            with self._imports.hold(tenant):
+                stream = await validate_batch.import_stream(
+                    request_iterator, tenant, self._settings
+                )
+                result = await service.import_lines(
+                    stream.scope,
+                    stream.lines,
+                    budget,
+                    keep_record_scopes=stream.keep_record_scopes,
+                )
             return convert_batch.import_response(result)
 
         return await self._run(
@@ -689,6 +734,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             "ImportMemories",
             handle,
             default_deadline_ms=self._settings.import_default_deadline_s * 1000,
+            max_deadline_ms=self._settings.import_max_deadline_s * 1000,
         )
 
     # -- change stream (issue 15) -------------------------------------------------------------
@@ -696,10 +742,11 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     async def WatchMemories(
         self, request: pb.WatchMemoriesRequest, context: Context
     ) -> AsyncIterator[pb.MemoryChange]:
-        """A server stream that lasts until the caller cancels it or its own deadline ends
-        (no server default cuts it short). Validation, the start position and the stream
-        slot are settled before the first change; an error later still ends the call with
-        its status (the caller resumes from the last position it handled)."""
+        """A server stream that lasts until the caller cancels it, its own deadline ends, or
+        MEMSVC_WATCH_MAX_STREAM_S passes (UNAVAILABLE, saying so: resume). Validation, the
+        start position and the stream slot are settled before the first change; an error
+        later still ends the call with its status (the caller resumes from the last position
+        it handled)."""
         stream = self._changes
         if stream is None:
             await self._unimplemented(context, "WatchMemories", "change stream")
@@ -717,9 +764,17 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
                     margin_ms=self._settings.deadline_margin_ms,
                 )
                 subscription = await stream.open(subject, after, budget)
+            max_s = self._settings.watch_max_stream_s
+            ends_at = time.monotonic() + max_s if max_s > 0 else math.inf
             async with subscription:
                 async for change in subscription:
                     yield convert_watch.change(change)
+                    # Checked at each change or heartbeat: at most a heartbeat late.
+                    if time.monotonic() >= ends_at:
+                        raise Unavailable(
+                            f"WatchMemories streams last at most {max_s:g} s on this server;"
+                            " open a new one after the last position you handled"
+                        )
             return
         except Exception as exc:  # as in _run: every failure is answered with a status
             error = answer_for("WatchMemories", exc)

@@ -338,6 +338,13 @@ def ingest(request: pb.IngestRequest, tenant_id: str, settings: Settings) -> Ing
                 sent_at=bounded_time(m.sent_at, f"{field}.sent_at"),
             )
         )
+    total_chars = sum(len(m.text) for m in stored)
+    if total_chars > settings.max_ingest_chars:
+        # One Ingest is one extraction job: a bigger one could only run out of time.
+        raise InvalidArgument(
+            f"messages: {total_chars} characters in all, at most {settings.max_ingest_chars}"
+            " per Ingest (one extraction job); split them over several Ingests"
+        )
     if len(request.goals) > settings.max_goals:
         raise InvalidArgument(f"goals: at most {settings.max_goals}")
     goals = tuple(short_text(g, f"goals[{i}]", MAX_GOAL_CHARS) for i, g in enumerate(request.goals))

@@ -1,4 +1,5 @@
-"""The process's one LISTEN connection on the change channel, shared by its subscribers.
+"""The process's one LISTEN connection, shared by its subscribers, on the change channel and
+on any other channel a subscriber names (the API keys' channel: server/auth.py).
 
 Every committed change to a memory or core block notifies channel ``memsvc_changes`` with
 the user it concerns (migration 0011's commit trigger; on Citus the writer itself, from the
@@ -6,8 +7,8 @@ coordinator: storage.changes.Waker), from any process: servers and workers alike
 dedicated connection per process LISTENs and calls each subscriber's ``on_user(tenant,
 user)``; it reconnects with backoff when it drops and then calls each ``on_reconnect()``
 (changes may have committed while nobody listened). Subscribers: WatchMemories' change
-stream (memories/watch.py) and the packet warmer (prefetch/warmer.py). Callbacks run on the
-event loop and must not block.
+stream (memories/watch.py) and the packet warmer (prefetch/warmer.py); ``subscribe_channel``
+takes the raw payloads of another channel. Callbacks run on the event loop and must not block.
 """
 
 from __future__ import annotations
@@ -27,17 +28,29 @@ from memsvc.storage.errors import DATABASE_DOWN
 
 log = logging.getLogger(__name__)
 
+# The connection's name in pg_stat_activity (an operator, or a test, can find it by it).
+APPLICATION_NAME = "memsvc-listener"
 _BACKOFF_BASE_S = 0.5
 _BACKOFF_MAX_S = 30.0
 
 OnUser = Callable[[str, str], None]
+OnPayload = Callable[[str], None]
 OnReconnect = Callable[[], None]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class _Subscriber:
-    on_user: OnUser
+    channel: str
+    on_payload: OnPayload
     on_reconnect: OnReconnect | None
+
+
+def _on_change(on_user: OnUser) -> OnPayload:
+    def on_payload(payload: str) -> None:
+        tenant, _, user = payload.partition(changes.SEPARATOR)
+        on_user(tenant, user)
+
+    return on_payload
 
 
 class ChangeListener:
@@ -49,6 +62,8 @@ class ChangeListener:
         self._command_timeout_s = command_timeout_s
         self._subscribers: list[_Subscriber] = []
         self._task: asyncio.Task[None] | None = None
+        self._channels_listened: frozenset[str] = frozenset()
+        self._conn: asyncpg.Connection[asyncpg.Record] | None = None
         self._stopping = asyncio.Event()
         self._rng = random.Random()
         # Set while the LISTEN connection is up; `dropped` from its loss to the reconnect.
@@ -58,9 +73,19 @@ class ChangeListener:
     def subscribe(
         self, on_user: OnUser, on_reconnect: OnReconnect | None = None
     ) -> Callable[[], None]:
-        """Add a subscriber; returns the function that removes it."""
-        subscriber = _Subscriber(on_user, on_reconnect)
+        """Add a subscriber to the change channel; returns the function that removes it."""
+        return self.subscribe_channel(changes.CHANNEL, _on_change(on_user), on_reconnect)
+
+    def subscribe_channel(
+        self, channel: str, on_payload: OnPayload, on_reconnect: OnReconnect | None = None
+    ) -> Callable[[], None]:
+        """Add a subscriber to ``channel``'s payloads; returns the function that removes it.
+        A channel new to a live connection makes it reconnect (every subscriber then hears
+        ``on_reconnect``): LISTEN is set up in one place, the connect."""
+        subscriber = _Subscriber(channel, on_payload, on_reconnect)
         self._subscribers.append(subscriber)
+        if channel not in self._channels_listened and self._conn is not None:
+            self._conn.terminate()
 
         def unsubscribe() -> None:
             if subscriber in self._subscribers:
@@ -81,11 +106,12 @@ class ChangeListener:
         task.cancel()
         await asyncio.wait([task])
 
-    def _notified(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
-        tenant, _, user = str(payload).partition(changes.SEPARATOR)
+    def _notified(self, _conn: object, _pid: int, channel: str, payload: object) -> None:
         for subscriber in list(self._subscribers):
+            if subscriber.channel != channel:
+                continue
             try:
-                subscriber.on_user(tenant, user)
+                subscriber.on_payload(str(payload))
             except Exception:
                 log.exception("a change subscriber failed")
 
@@ -107,10 +133,15 @@ class ChangeListener:
                     self._dsn,
                     timeout=self._connect_timeout_s,
                     command_timeout=self._command_timeout_s,
+                    server_settings={"application_name": APPLICATION_NAME},
                 )
                 lost = asyncio.Event()
                 conn.add_termination_listener(lambda _c, lost=lost: lost.set())
-                await conn.add_listener(changes.CHANNEL, self._notified)
+                channels = frozenset({changes.CHANNEL, *(s.channel for s in self._subscribers)})
+                for channel in sorted(channels):
+                    await conn.add_listener(channel, self._notified)
+                self._channels_listened = channels
+                self._conn = conn
                 if failures:
                     metrics.WATCH_LISTENER_RECONNECTS.inc()
                 failures = 0
@@ -122,6 +153,8 @@ class ChangeListener:
             except DATABASE_DOWN as exc:
                 log.info("change listener unavailable (%s); retrying", type(exc).__name__)
             finally:
+                self._conn = None
+                self._channels_listened = frozenset()
                 self.listening.clear()
                 self.dropped.set()
                 if conn is not None and not conn.is_closed():

@@ -163,6 +163,32 @@ LIMIT $1
 """
 # How many more users than free slots claim_by_user looks at: other workers may take some.
 _DUE_USERS_SPARE = 4
+# The same users, in a fair order (issue 31): a tenant's users ranked by their oldest due
+# job, and tenants taken turn by turn, those with fewer jobs running first (over every
+# worker), so one tenant's flood of due jobs never goes before another tenant's first one.
+# A tenant at its cap ($2 jobs running; 0: none) is left out. Reads only, like _DUE_USERS;
+# the CTEs are materialized so that on Citus the window runs on the coordinator.
+_FAIR_DUE_USERS = f"""
+WITH due AS MATERIALIZED (
+    SELECT o.tenant_id, o.user_id, min(o.available_at) AS due
+    FROM ingest_outbox o
+    WHERE {_CLAIMABLE.format(user_filter="")}
+    GROUP BY o.tenant_id, o.user_id
+), running AS MATERIALIZED (
+    SELECT tenant_id, count(*) AS jobs
+    FROM ingest_outbox
+    WHERE state = 'processing' AND lease_until >= now()
+    GROUP BY tenant_id
+), ranked AS (
+    SELECT d.tenant_id, d.user_id, d.due, coalesce(r.jobs, 0) AS running,
+           row_number() OVER (PARTITION BY d.tenant_id ORDER BY d.due, d.user_id) AS rank
+    FROM due d LEFT JOIN running r ON r.tenant_id = d.tenant_id
+)
+SELECT tenant_id, user_id FROM ranked
+WHERE $2 = 0 OR running + rank <= $2
+ORDER BY running + rank, due
+LIMIT $1
+"""
 
 
 async def claim(
@@ -228,6 +254,62 @@ async def claim_by_user(
             timeout_s=timeout_s,
         )
     return jobs
+
+
+async def claim_fairly(
+    conn: Connection,
+    *,
+    worker_id: str,
+    lease_s: float,
+    limit: int,
+    max_per_tenant: int = 0,
+    timeout_s: float | None = None,
+) -> list[Job]:
+    """Claim up to `limit` due jobs across tenants fairly (_FAIR_DUE_USERS's order), at most
+    ``max_per_tenant`` running per tenant over every worker (0: no cap), one user at a time
+    as in claim_by_user (so it runs on Citus too). Workers claiming at the same moment each
+    read the running counts before the others' claims: a tenant may then run up to one job
+    per such worker over its cap, until those end."""
+    users = await conn.fetch(
+        _FAIR_DUE_USERS, limit * _DUE_USERS_SPARE, max_per_tenant, timeout=timeout_s
+    )
+    jobs: list[Job] = []
+    for user in users:
+        if len(jobs) >= limit:
+            break
+        jobs += await claim(
+            conn,
+            worker_id=worker_id,
+            lease_s=lease_s,
+            limit=1,
+            tenant_id=user["tenant_id"],
+            user_id=user["user_id"],
+            timeout_s=timeout_s,
+        )
+    return jobs
+
+
+async def running_jobs(conn: Connection, tenant_id: str, *, timeout_s: float | None = None) -> int:
+    """The tenant's jobs running now (leased, lease not run out), over every worker."""
+    value: int = await conn.fetchval(
+        "SELECT count(*) FROM ingest_outbox WHERE tenant_id = $1 AND state = 'processing'"
+        " AND lease_until >= now()",
+        tenant_id,
+        timeout=timeout_s,
+    )
+    return value
+
+
+async def still_leased(conn: Connection, job: Job, *, timeout_s: float | None = None) -> bool:
+    """Whether the job is still this attempt's to run: its row is there, processing, leased
+    by the same worker. False once it was deleted (ForgetSession, erasure) or taken over."""
+    found = await conn.fetchval(
+        "SELECT true FROM ingest_outbox WHERE tenant_id = $1 AND user_id = $2"
+        " AND ingest_id = $3 AND leased_by = $4 AND state = 'processing'",
+        *_job_key(job),
+        timeout=timeout_s,
+    )
+    return bool(found)
 
 
 def _job_key(job: Job) -> tuple[str, str, uuid.UUID, str]:

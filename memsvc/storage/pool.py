@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 
 import asyncpg
 from pgvector.asyncpg import register_vector
 
 from memsvc.concurrency.deadline import Budget
+from memsvc.concurrency.shares import TenantWaits
 from memsvc.config import Settings
 from memsvc.errors import ResourceExhausted
+from memsvc.observability import call_context
 from memsvc.storage.connection import Connection
 from memsvc.storage.migrate import migrate
 
@@ -35,11 +38,25 @@ CLOSE_TIMEOUT_S = 10.0
 
 log = logging.getLogger(__name__)
 
+# Each serving pool's per-tenant connection shares, by id(pool): asyncpg's Pool has slots and
+# no __weakref__, so they cannot hang on it; close() removes the entry.
+_SHARES: dict[int, TenantWaits] = {}
+
+
+def share_per_tenant(pool: asyncpg.Pool, per_tenant: int) -> None:
+    """From now on a call (its tenant in call_context) holds at most ``per_tenant`` of the
+    pool's connections at once; 0 (or a share as large as the pool) lifts the cap."""
+    if 0 < per_tenant < pool.get_max_size():
+        _SHARES[id(pool)] = TenantWaits(per_tenant)
+    else:
+        _SHARES.pop(id(pool), None)
+
 
 async def close(pool: asyncpg.Pool, *, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
     """Close the pool once its connections are back; those still in use after ``timeout_s``
     are terminated (asyncpg's documented pattern: ``Pool.close`` waits for every release,
     however long, and terminates the pool when cancelled), so a stop always ends."""
+    _SHARES.pop(id(pool), None)
     try:
         await asyncio.wait_for(pool.close(), timeout_s)
     except TimeoutError:
@@ -85,6 +102,7 @@ async def connect_and_migrate(settings: Settings) -> asyncpg.Pool:
         timeout=10,
         server_settings=SERVER_SETTINGS,
     )
+    share_per_tenant(pool, settings.pg_pool_max_per_tenant)
     return pool
 
 
@@ -99,17 +117,37 @@ async def acquire(
     read leg (`busy_is_late`) raises TimeoutError: it is late, like a slow leg, and the answer
     goes on without it. Release is asyncpg's own (shielded from cancellation), bounded by
     RELEASE_TIMEOUT_S rather than by the acquire wait.
+
+    Inside a call (its tenant in call_context) on a pool with shares (share_per_tenant), the
+    connection is also one of the tenant's share: past it the call waits, within the same
+    bound, for one of its own tenant's to come back, never for another tenant's.
     """
-    try:
-        conn = await pool.acquire(timeout=max(budget.cap(timeout_s), 0.001))
-    except TimeoutError:
-        if busy_is_late or budget.expired:
-            raise
-        raise ResourceExhausted("every database connection is busy; retry shortly") from None
-    try:
-        yield conn
-    finally:
-        await pool.release(conn, timeout=RELEASE_TIMEOUT_S)
+    wait_s = max(budget.cap(timeout_s), 0.001)
+    tenant = call_context.tenant.get()
+    shares = _SHARES.get(id(pool)) if tenant is not None else None
+    async with AsyncExitStack() as stack:
+        if shares is not None and tenant is not None:
+            deadline = time.monotonic() + wait_s
+            try:
+                await stack.enter_async_context(shares.hold(tenant, wait_s))
+            except TimeoutError:
+                if busy_is_late or budget.expired:
+                    raise
+                raise ResourceExhausted(
+                    f"this tenant's calls hold {shares.per_tenant} database connections on this"
+                    " server, its share; retry shortly"
+                ) from None
+            wait_s = max(deadline - time.monotonic(), 0.001)
+        try:
+            conn = await pool.acquire(timeout=wait_s)
+        except TimeoutError:
+            if busy_is_late or budget.expired:
+                raise
+            raise ResourceExhausted("every database connection is busy; retry shortly") from None
+        try:
+            yield conn
+        finally:
+            await pool.release(conn, timeout=RELEASE_TIMEOUT_S)
 
 
 # How long after the budget's end asyncpg's own timeout would stop a leg's statement.
