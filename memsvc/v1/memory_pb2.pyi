@@ -1498,6 +1498,72 @@ class RecallRequest(_message.Message):
 Global___RecallRequest: _TypeAlias = RecallRequest  # noqa: Y015
 
 @_typing.final
+class RecallStreamRequest(_message.Message):
+    """One transcript of a RecallStream: an interim one, or the utterance's final one."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCOPE_FIELD_NUMBER: _builtins.int
+    QUERY_FIELD_NUMBER: _builtins.int
+    TOP_K_FIELD_NUMBER: _builtins.int
+    TYPES_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
+    AS_OF_FIELD_NUMBER: _builtins.int
+    FILTERS_FIELD_NUMBER: _builtins.int
+    FINAL_FIELD_NUMBER: _builtins.int
+    FINAL_DEADLINE_MS_FIELD_NUMBER: _builtins.int
+    query: _builtins.str
+    """The transcript so far (interim) or the whole utterance (final); as RecallRequest.query.
+    An empty interim is ignored; a final needs a text.
+    """
+    top_k: _builtins.int
+    """First request only: as RecallRequest.top_k."""
+    mode: Global___RecallMode.ValueType
+    """First request only: as RecallRequest.mode."""
+    final: _builtins.bool
+    """This is the utterance's final transcript: answer it."""
+    final_deadline_ms: _builtins.int
+    """First request only: each final's answer is due this long after it arrives (the stream's
+    own deadline still bounds everything). 0: MEMSVC_RECALL_DEFAULT_DEADLINE_MS.
+    """
+    @_builtins.property
+    def scope(self) -> Global___Scope:
+        """First request only: whose memory (as RecallRequest.scope)."""
+
+    @_builtins.property
+    def types(self) -> _containers.RepeatedScalarFieldContainer[Global___ItemType.ValueType]:
+        """First request only: as RecallRequest.types."""
+
+    @_builtins.property
+    def as_of(self) -> _timestamp_pb2.Timestamp:
+        """First request only: as RecallRequest.as_of."""
+
+    @_builtins.property
+    def filters(self) -> Global___RecallFilters:
+        """First request only: as RecallRequest.filters."""
+
+    def __init__(
+        self,
+        *,
+        scope: Global___Scope | None = ...,
+        query: _builtins.str = ...,
+        top_k: _builtins.int = ...,
+        types: _abc.Iterable[Global___ItemType.ValueType] | None = ...,
+        mode: Global___RecallMode.ValueType = ...,
+        as_of: _timestamp_pb2.Timestamp | None = ...,
+        filters: Global___RecallFilters | None = ...,
+        final: _builtins.bool = ...,
+        final_deadline_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["as_of", b"as_of", "filters", b"filters", "scope", b"scope"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["as_of", b"as_of", "filters", b"filters", "final", b"final", "final_deadline_ms", b"final_deadline_ms", "mode", b"mode", "query", b"query", "scope", b"scope", "top_k", b"top_k", "types", b"types"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecallStreamRequest: _TypeAlias = RecallStreamRequest  # noqa: Y015
+
+@_typing.final
 class RecallFilters(_message.Message):
     """Recall narrowing: every set filter must match (within a filter, any value may); each runs
     in SQL on both legs, inside the deadline. Filters that only facts carry (categories, roles,

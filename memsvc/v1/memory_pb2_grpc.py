@@ -5,7 +5,7 @@ import warnings
 
 from memsvc.v1 import memory_pb2 as memsvc_dot_v1_dot_memory__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.85.4'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -48,6 +48,11 @@ class MemoryServiceStub:
         self.Recall = channel.unary_unary(
                 '/memsvc.v1.MemoryService/Recall',
                 request_serializer=memsvc_dot_v1_dot_memory__pb2.RecallRequest.SerializeToString,
+                response_deserializer=memsvc_dot_v1_dot_memory__pb2.RecallResponse.FromString,
+                _registered_method=True)
+        self.RecallStream = channel.stream_stream(
+                '/memsvc.v1.MemoryService/RecallStream',
+                request_serializer=memsvc_dot_v1_dot_memory__pb2.RecallStreamRequest.SerializeToString,
                 response_deserializer=memsvc_dot_v1_dot_memory__pb2.RecallResponse.FromString,
                 _registered_method=True)
         self.Ingest = channel.unary_unary(
@@ -175,6 +180,23 @@ class MemoryServiceServicer:
         and the answer is OK with `degraded` and `missing_legs`, never DEADLINE_EXCEEDED.
         Safe to retry (read-only). Errors: INVALID_ARGUMENT, UNAUTHENTICATED,
         RESOURCE_EXHAUSTED (with `retry-after-ms`), UNAVAILABLE.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RecallStream(self, request_iterator, context):
+        """Recall while the user speaks (voice gateways): send each interim transcript as a request
+        with its text in `query` (the first request also carries `scope` and the other Recall
+        fields), then the final transcript with `final: true`; each final is answered with one
+        RecallResponse, equal to a Recall of that text, within `final_deadline_ms` of its arrival.
+        Meanwhile the server works ahead on the interims (embedding, both legs) and cancels work a
+        newer interim made useless, so the final is usually answered from work already done. After
+        a final the next request starts the next utterance (same scope and fields). Interims beyond
+        MEMSVC_RECALL_STREAM_INTERIMS_PER_S (bursts of one second's worth) end the stream with
+        RESOURCE_EXHAUSTED. Errors: as Recall's (INVALID_ARGUMENT naming the field, and only the
+        first request may set anything but `query` and `final`), UNAUTHENTICATED,
+        RESOURCE_EXHAUSTED, UNAVAILABLE.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -378,6 +400,11 @@ def add_MemoryServiceServicer_to_server(servicer, server):
                     request_deserializer=memsvc_dot_v1_dot_memory__pb2.RecallRequest.FromString,
                     response_serializer=memsvc_dot_v1_dot_memory__pb2.RecallResponse.SerializeToString,
             ),
+            'RecallStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.RecallStream,
+                    request_deserializer=memsvc_dot_v1_dot_memory__pb2.RecallStreamRequest.FromString,
+                    response_serializer=memsvc_dot_v1_dot_memory__pb2.RecallResponse.SerializeToString,
+            ),
             'Ingest': grpc.unary_unary_rpc_method_handler(
                     servicer.Ingest,
                     request_deserializer=memsvc_dot_v1_dot_memory__pb2.IngestRequest.FromString,
@@ -533,6 +560,33 @@ class MemoryService:
             target,
             '/memsvc.v1.MemoryService/Recall',
             memsvc_dot_v1_dot_memory__pb2.RecallRequest.SerializeToString,
+            memsvc_dot_v1_dot_memory__pb2.RecallResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RecallStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/memsvc.v1.MemoryService/RecallStream',
+            memsvc_dot_v1_dot_memory__pb2.RecallStreamRequest.SerializeToString,
             memsvc_dot_v1_dot_memory__pb2.RecallResponse.FromString,
             options,
             channel_credentials,

@@ -67,6 +67,19 @@ class MemoryServiceStub:
     Safe to retry (read-only). Errors: INVALID_ARGUMENT, UNAUTHENTICATED,
     RESOURCE_EXHAUSTED (with `retry-after-ms`), UNAVAILABLE.
     """
+    RecallStream: _grpc.StreamStreamMultiCallable[_memory_pb2.RecallStreamRequest, _memory_pb2.RecallResponse]
+    """Recall while the user speaks (voice gateways): send each interim transcript as a request
+    with its text in `query` (the first request also carries `scope` and the other Recall
+    fields), then the final transcript with `final: true`; each final is answered with one
+    RecallResponse, equal to a Recall of that text, within `final_deadline_ms` of its arrival.
+    Meanwhile the server works ahead on the interims (embedding, both legs) and cancels work a
+    newer interim made useless, so the final is usually answered from work already done. After
+    a final the next request starts the next utterance (same scope and fields). Interims beyond
+    MEMSVC_RECALL_STREAM_INTERIMS_PER_S (bursts of one second's worth) end the stream with
+    RESOURCE_EXHAUSTED. Errors: as Recall's (INVALID_ARGUMENT naming the field, and only the
+    first request may set anything but `query` and `final`), UNAUTHENTICATED,
+    RESOURCE_EXHAUSTED, UNAVAILABLE.
+    """
     Ingest: _grpc.UnaryUnaryMultiCallable[_memory_pb2.IngestRequest, _memory_pb2.IngestResponse]
     """After each turn: store the turn's new messages and queue extraction (two
     database writes, no model call), then return. Safe to retry with the same
@@ -201,6 +214,19 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     and the answer is OK with `degraded` and `missing_legs`, never DEADLINE_EXCEEDED.
     Safe to retry (read-only). Errors: INVALID_ARGUMENT, UNAUTHENTICATED,
     RESOURCE_EXHAUSTED (with `retry-after-ms`), UNAVAILABLE.
+    """
+    RecallStream: _aio.StreamStreamMultiCallable[_memory_pb2.RecallStreamRequest, _memory_pb2.RecallResponse]  # type: ignore[assignment]
+    """Recall while the user speaks (voice gateways): send each interim transcript as a request
+    with its text in `query` (the first request also carries `scope` and the other Recall
+    fields), then the final transcript with `final: true`; each final is answered with one
+    RecallResponse, equal to a Recall of that text, within `final_deadline_ms` of its arrival.
+    Meanwhile the server works ahead on the interims (embedding, both legs) and cancels work a
+    newer interim made useless, so the final is usually answered from work already done. After
+    a final the next request starts the next utterance (same scope and fields). Interims beyond
+    MEMSVC_RECALL_STREAM_INTERIMS_PER_S (bursts of one second's worth) end the stream with
+    RESOURCE_EXHAUSTED. Errors: as Recall's (INVALID_ARGUMENT naming the field, and only the
+    first request may set anything but `query` and `final`), UNAUTHENTICATED,
+    RESOURCE_EXHAUSTED, UNAVAILABLE.
     """
     Ingest: _aio.UnaryUnaryMultiCallable[_memory_pb2.IngestRequest, _memory_pb2.IngestResponse]  # type: ignore[assignment]
     """After each turn: store the turn's new messages and queue extraction (two
@@ -345,6 +371,25 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         and the answer is OK with `degraded` and `missing_legs`, never DEADLINE_EXCEEDED.
         Safe to retry (read-only). Errors: INVALID_ARGUMENT, UNAUTHENTICATED,
         RESOURCE_EXHAUSTED (with `retry-after-ms`), UNAVAILABLE.
+        """
+
+    @_abc_1.abstractmethod
+    def RecallStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_memory_pb2.RecallStreamRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_memory_pb2.RecallResponse], _abc.AsyncIterator[_memory_pb2.RecallResponse]]:
+        """Recall while the user speaks (voice gateways): send each interim transcript as a request
+        with its text in `query` (the first request also carries `scope` and the other Recall
+        fields), then the final transcript with `final: true`; each final is answered with one
+        RecallResponse, equal to a Recall of that text, within `final_deadline_ms` of its arrival.
+        Meanwhile the server works ahead on the interims (embedding, both legs) and cancels work a
+        newer interim made useless, so the final is usually answered from work already done. After
+        a final the next request starts the next utterance (same scope and fields). Interims beyond
+        MEMSVC_RECALL_STREAM_INTERIMS_PER_S (bursts of one second's worth) end the stream with
+        RESOURCE_EXHAUSTED. Errors: as Recall's (INVALID_ARGUMENT naming the field, and only the
+        first request may set anything but `query` and `final`), UNAUTHENTICATED,
+        RESOURCE_EXHAUSTED, UNAVAILABLE.
         """
 
     @_abc_1.abstractmethod
