@@ -21,6 +21,7 @@ import grpc
 from memsvc.client.background import IngestFailure, IngestQueue, IngestQueueStats
 from memsvc.client.errors import from_rpc_error
 from memsvc.client.presets import Preset, timeout_s
+from memsvc.client.recall_stream import RecallStream
 from memsvc.client.retry import RetryPolicy, backoff_ms, retry_after_ms
 from memsvc.v1 import memory_pb2 as pb
 from memsvc.v1 import memory_pb2_grpc as pb_grpc
@@ -160,6 +161,40 @@ class MemoryClient:
     ) -> pb.RecallResponse:
         return await self._call(
             "Recall", self._stub.Recall, request, True, preset, timeout, request_id
+        )
+
+    def recall_stream(
+        self,
+        request: pb.RecallStreamRequest,
+        *,
+        final_preset: Preset | None = None,
+        final_timeout: float | None = None,
+        timeout: float | None = None,
+        request_id: str | None = None,
+    ) -> RecallStream:
+        """Open a RecallStream for a voice call's utterances (see ``RecallStream``): send
+        the interim transcripts, then each final for Recall's answer. ``request`` carries the
+        scope and the other Recall fields; its ``final_deadline_ms``, when unset, comes from
+        ``final_timeout`` or ``final_preset`` (default: the client's preset). ``timeout``:
+        the whole stream's deadline (None: until closed). Not retried: a stream that failed
+        raises, and the caller opens another (or recalls without it)."""
+        rid = request_id or new_request_id()
+        metadata = grpc.aio.Metadata((REQUEST_ID_HEADER, rid))
+        if self._api_key is not None:
+            metadata.add(API_KEY_HEADER, self._api_key)
+        first = pb.RecallStreamRequest()
+        first.CopyFrom(request)
+        if not first.final_deadline_ms:
+            first.final_deadline_ms = round(
+                timeout_s(final_preset or self._default_preset, final_timeout) * 1000
+            )
+        return RecallStream(
+            self._stub,
+            first,
+            metadata=metadata,
+            request_id=rid,
+            timeout=timeout,
+            final_timeout_s=first.final_deadline_ms / 1000,
         )
 
     async def get_ingest_status(

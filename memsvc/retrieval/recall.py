@@ -258,7 +258,22 @@ class RecallService:
                 embedding_model=self._embedder.model_id if with_vectors else None,
             )
 
-    async def recall(self, query: RecallQuery, budget: Budget) -> RecallResult:
+    def record_references(self, query: RecallQuery, result: RecallResult) -> None:
+        """Count the answer's memories as referenced (trust): done by :meth:`recall`, and by a
+        caller that answers with a result computed ahead (``record_references=False``)."""
+        if self._references is not None:
+            scope = query.scope
+            self._references.record(
+                scope.tenant_id,
+                scope.user_id,
+                (r.memory.memory_id for r in result.items if r.memory is not None),
+            )
+
+    async def recall(
+        self, query: RecallQuery, budget: Budget, *, record_references: bool = True
+    ) -> RecallResult:
+        """``record_references``: False for work ahead of a question not yet asked (a
+        RecallStream's interims): only an answer the caller receives counts as a reference."""
         if self._loop_lag is not None:
             self._loop_lag.admit_read(self._config.max_loop_lag_s)
         started = time.perf_counter()
@@ -367,19 +382,12 @@ class RecallService:
         # items' relevance is then their word coverage, whatever the timing.
         vector = progress.vector if progress.embedded and not skipped else None
         ranked = keep_relevant(query, ranked, vector)
-        if self._references is not None:
-            scope = query.scope
-            self._references.record(
-                scope.tenant_id,
-                scope.user_id,
-                (r.memory.memory_id for r in ranked if r.memory is not None),
-            )
         timings.fuse_ms = (time.perf_counter() - fuse_started) * 1000
         timings.total_ms = (time.perf_counter() - started) * 1000
         order = [EMBED, DENSE, LEXICAL]
         missing_sorted = tuple(sorted(set(missing), key=order.index))
         _observe(timings, {leg: reasons[leg] for leg in missing_sorted}, skipped)
-        return RecallResult(
+        answer = RecallResult(
             items=ranked,
             degraded=bool(missing_sorted),
             missing_legs=missing_sorted,
@@ -387,6 +395,9 @@ class RecallService:
             route=plan.route,
             skipped_legs=skipped,
         )
+        if record_references:
+            self.record_references(query, answer)
+        return answer
 
 
 def keep_relevant(
