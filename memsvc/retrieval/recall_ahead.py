@@ -71,6 +71,9 @@ class RecallAhead:
         if self._done is not None and not query.text.startswith(self._done.text):
             self._done = None
         running = self._running
+        if running is None and self._done is not None and self._done.text == query.text:
+            # The same words again (a transcriber repeats an unchanged interim): answered.
+            return
         if running is not None and not running.task.done():
             if running.query.text == query.text:
                 return
