@@ -18,6 +18,7 @@ from typing import TypeVar
 
 import grpc
 
+from memsvc.client import tracing
 from memsvc.client.background import IngestFailure, IngestQueue, IngestQueueStats
 from memsvc.client.errors import from_rpc_error
 from memsvc.client.presets import Preset, timeout_s
@@ -182,6 +183,8 @@ class MemoryClient:
         metadata = grpc.aio.Metadata((REQUEST_ID_HEADER, rid))
         if self._api_key is not None:
             metadata.add(API_KEY_HEADER, self._api_key)
+        span = tracing.stream_span("RecallStream")
+        tracing.inject(metadata, span)
         first = pb.RecallStreamRequest()
         first.CopyFrom(request)
         if not first.final_deadline_ms:
@@ -195,6 +198,7 @@ class MemoryClient:
             request_id=rid,
             timeout=timeout,
             final_timeout_s=first.final_deadline_ms / 1000,
+            span=span,
         )
 
     async def get_ingest_status(
@@ -599,19 +603,23 @@ class MemoryClient:
             metadata.add(API_KEY_HEADER, self._api_key)
         attempts = self._retry.max_attempts if retryable else 1
         attempt = 0
-        while True:
-            attempt += 1
-            try:
-                # The server reads the deadline from the call: each attempt sends what is left.
-                return await method(request, timeout=deadline - loop.time(), metadata=metadata)
-            except grpc.aio.AioRpcError as exc:
-                error = from_rpc_error(exc, rpc=rpc, request_id=rid, attempts=attempt)
-                if attempt >= attempts or exc.code() not in self._retry.retryable:
-                    raise error from exc
-                delay_s = self._backoff_s(attempt, exc, deadline - loop.time())
-                if delay_s is None:
-                    raise error from exc
-                await asyncio.sleep(delay_s)
+        # One span for the call, its retries included; its trace context goes to the server.
+        with tracing.call_span(rpc):
+            tracing.inject(metadata)
+            while True:
+                attempt += 1
+                try:
+                    # The server reads the deadline from the call: each attempt sends what is
+                    # left.
+                    return await method(request, timeout=deadline - loop.time(), metadata=metadata)
+                except grpc.aio.AioRpcError as exc:
+                    error = from_rpc_error(exc, rpc=rpc, request_id=rid, attempts=attempt)
+                    if attempt >= attempts or exc.code() not in self._retry.retryable:
+                        raise error from exc
+                    delay_s = self._backoff_s(attempt, exc, deadline - loop.time())
+                    if delay_s is None:
+                        raise error from exc
+                    await asyncio.sleep(delay_s)
 
     def _backoff_s(
         self, attempt: int, exc: grpc.aio.AioRpcError, remaining_s: float

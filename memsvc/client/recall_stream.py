@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 
@@ -39,7 +40,9 @@ class RecallStream:
         request_id: str,
         timeout: float | None,
         final_timeout_s: float,
+        span: Any = None,
     ) -> None:
+        """``span``: the stream's client span (OpenTelemetry), ended when it closes."""
         self._first: pb.RecallStreamRequest | None = pb.RecallStreamRequest()
         self._first.CopyFrom(request)
         self._first.ClearField("query")
@@ -51,6 +54,7 @@ class RecallStream:
         self._responses = aiter(self._call)
         self._failed: Exception | None = None
         self._last_interim = ""
+        self._span = span
 
     async def __aenter__(self) -> RecallStream:
         return self
@@ -113,3 +117,8 @@ class RecallStream:
     async def aclose(self) -> None:
         """End the stream (the server stops any work ahead at once)."""
         self._call.cancel()
+        span, self._span = self._span, None
+        if span is not None:
+            if self._failed is not None:
+                span.record_exception(self._failed)
+            span.end()

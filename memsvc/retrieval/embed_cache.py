@@ -12,6 +12,7 @@ import numpy.typing as npt
 
 from memsvc.embedding import Embedder
 from memsvc.embedding.base import EmbeddingTimeout
+from memsvc.observability import tracing
 
 Vector = npt.NDArray[np.float32]
 
@@ -138,6 +139,10 @@ class QueryEmbedder:
         vector = self.cached(text)
         if vector is not None:
             return vector
+        with tracing.span("memsvc.embed", queued=len(self._queue)):
+            return await self._embed(text, timeout_s)
+
+    async def _embed(self, text: str, timeout_s: float) -> Vector:
         if self.expected_wait_s() > timeout_s:
             self.refused += 1
             raise EmbeddingTimeout("the embedder's queue would not clear within the budget")

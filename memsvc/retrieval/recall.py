@@ -27,7 +27,7 @@ from memsvc.concurrency.loop_lag import LoopLag
 from memsvc.config import Settings
 from memsvc.embedding.base import EmbeddingTimeout
 from memsvc.governance import trust
-from memsvc.observability import metrics
+from memsvc.observability import metrics, tracing
 from memsvc.retrieval import route_effects
 from memsvc.retrieval.dense import dense_hits
 from memsvc.retrieval.embed_cache import QueryEmbedder
@@ -210,6 +210,12 @@ class RecallService:
     async def _dense(
         self, query: RecallQuery, budget: Budget, limit: int, progress: _DenseProgress
     ) -> list[Hit]:
+        with tracing.span("memsvc.recall.dense"):
+            return await self._dense_leg(query, budget, limit, progress)
+
+    async def _dense_leg(
+        self, query: RecallQuery, budget: Budget, limit: int, progress: _DenseProgress
+    ) -> list[Hit]:
         vector = query.vector
         if vector is None:
             started = time.perf_counter()
@@ -239,6 +245,12 @@ class RecallService:
             )
 
     async def _lexical(
+        self, query: RecallQuery, budget: Budget, limit: int, *, with_vectors: bool
+    ) -> list[Hit]:
+        with tracing.span("memsvc.recall.lexical"):
+            return await self._lexical_leg(query, budget, limit, with_vectors=with_vectors)
+
+    async def _lexical_leg(
         self, query: RecallQuery, budget: Budget, limit: int, *, with_vectors: bool
     ) -> list[Hit]:
         async with acquire(

@@ -32,7 +32,7 @@ from memsvc.memories.core_blocks import CoreBlockService
 from memsvc.memories.service import MemoryService
 from memsvc.memories.sessions import SessionService
 from memsvc.memories.watch import ChangeStream
-from memsvc.observability import call_context
+from memsvc.observability import call_context, tracing
 from memsvc.prefetch.model import PrefetchQuery
 from memsvc.prefetch.service import PrefetchService
 from memsvc.retrieval.query import RecallQuery
@@ -173,7 +173,8 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         """``guard_slack_s``: reads manage their own budget (they answer degraded, never late),
         so their outer guard sits that much later and only fires if something overran."""
         try:
-            tenant = await self._auth.tenant(_metadata(context))
+            with tracing.span("memsvc.auth"):
+                tenant = await self._auth.tenant(_metadata(context))
             call_context.tenant.set(tenant)
             # After authentication, so a tenant is limited by what it sends, never by others.
             with self._tenants.admit(tenant):
@@ -469,7 +470,10 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         if self.reads_busy():
             return None
         try:
-            with self._reads.slot(budget.remaining(), floor_s=service.floor_s()):
+            with (
+                tracing.span("memsvc.recall_ahead", words=len(query.text.split())),
+                self._reads.slot(budget.remaining(), floor_s=service.floor_s()),
+            ):
                 return await service.recall(query, budget, record_references=False)
         except MemsvcError:
             return None
