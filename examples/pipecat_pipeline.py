@@ -1,4 +1,4 @@
-"""A Pipecat pipeline with memsvc's memory (``pip install memsvc[pipecat]``), no API keys needed.
+"""A Pipecat pipeline with memsvc's memory (needs ``pipecat-ai``), no API keys needed.
 
     make run                                   # another terminal: memsvc dev on :50051
     .venv/bin/python examples/pipecat_pipeline.py

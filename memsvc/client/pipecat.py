@@ -1,4 +1,4 @@
-"""memsvc in a Pipecat pipeline (``pip install memsvc[pipecat]``).
+"""memsvc in a Pipecat pipeline (needs ``pipecat-ai``; README: why no extra yet).
 
 Two frame processors share one :class:`MemsvcMemory`::
 
