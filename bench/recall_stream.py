@@ -3,6 +3,7 @@
     python -m bench.recall_stream [--data ../shared/data/locomo] [--conversations 2]
                                   [--questions 80] [--wpm 150] [--interim-ms 200]
                                   [--endpoint-ms 200] [--deadline-ms 200]
+                                  [--server-env NAME=VALUE ...]
 
 Utterances: questions of the LoCoMo development split (read from the shared folder, never
 copied into the project), asked of their conversation, which is ingested first as messages
@@ -81,10 +82,10 @@ def request_fields(user: str) -> dict[str, Any]:
 
 async def plain_pass(
     client: MemoryClient, asked: list[Question], deadline_s: float
-) -> tuple[list[float], list[Answer], int]:
+) -> tuple[list[float], list[Answer], list[bool]]:
     ms: list[float] = []
     answers: list[Answer] = []
-    degraded = 0
+    degraded: list[bool] = []
     for user, text in asked:
         started = time.perf_counter()
         reply = await client.recall(
@@ -92,7 +93,7 @@ async def plain_pass(
         )
         ms.append((time.perf_counter() - started) * 1000)
         answers.append(answer(reply))
-        degraded += reply.degraded
+        degraded.append(reply.degraded)
     return ms, answers, degraded
 
 
@@ -101,10 +102,10 @@ async def stream_pass(
     asked: list[Question],
     args: argparse.Namespace,
     style: str,
-) -> tuple[list[float], list[Answer], int]:
+) -> tuple[list[float], list[Answer], list[bool]]:
     ms: list[float] = []
     answers: list[Answer] = []
-    degraded = 0
+    degraded: list[bool] = []
     word_s = 60 / args.wpm
     tick_s = args.interim_ms / 1000
     for user, text in asked:
@@ -131,7 +132,7 @@ async def stream_pass(
             reply = await stream.final(text)
             ms.append((time.perf_counter() - sent) * 1000)
         answers.append(answer(reply))
-        degraded += reply.degraded
+        degraded.append(reply.degraded)
     return ms, answers, degraded
 
 
@@ -145,11 +146,17 @@ def percentiles(ms: list[float]) -> dict[str, float]:
 
 
 def ahead_outcomes(metrics_text: str) -> dict[str, float]:
+    """The work ahead's outcomes, and why answers were degraded (missing legs) or lighter
+    (legs skipped by the voice policy), from the pass's server."""
     found: dict[str, float] = {}
     for line in metrics_text.splitlines():
-        match = re.match(r'memsvc_recall_ahead_total\{outcome="(\w+)"\} ([0-9.e+]+)', line)
+        match = re.match(
+            r"memsvc_recall_(ahead|missing_legs|skipped_legs)_total\{([^}]*)\} ([0-9.e+]+)",
+            line,
+        )
         if match:
-            found[match.group(1)] = float(match.group(2))
+            labels = ",".join(v for v in re.findall(r'="([^"]*)"', match.group(2)))
+            found[f"{match.group(1)}:{labels}"] = float(match.group(3))
     return found
 
 
@@ -165,7 +172,7 @@ async def ingest(target: Target, samples: list[dict[str, Any]]) -> None:
 
 async def one_pass(
     target: Target, asked: list[Question], args: argparse.Namespace, kind: str
-) -> tuple[list[float], list[Answer], int]:
+) -> tuple[list[float], list[Answer], list[bool]]:
     async with MemoryClient(f"127.0.0.1:{target.port}", api_key=target.api_key) as client:
         # Warm the channel and the server's statements on another question each.
         for user, text in asked[:3]:
@@ -188,12 +195,21 @@ def main() -> None:
     parser.add_argument("--endpoint-ms", type=int, default=200)
     parser.add_argument("--deadline-ms", type=int, default=200)
     parser.add_argument("--styles", default="exact,normalized")
+    parser.add_argument(
+        "--server-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a setting for every timed pass's server (e.g. MEMSVC_READS_MAX_CPU_BUSY=0 on a "
+        "machine other processes keep busy: the CPU gate would shed every embedding)",
+    )
     args = parser.parse_args()
     samples = json.loads((args.data / "locomo-dev.json").read_text())[: args.conversations]
     asked = questions(samples, args.questions, args.seed)
     kinds = ["plain", *args.styles.split(",")]
     results: dict[str, Any] = {}
     answers: dict[str, list[Answer]] = {}
+    degraded: dict[str, list[bool]] = {}
     with embedded_stack() as stack:
         with memsvc_server(stack) as target:
             asyncio.run(ingest(target, samples))
@@ -201,16 +217,28 @@ def main() -> None:
             # Workers off: nothing else runs on the server while the pass is timed.
             metrics_port = free_port()
             env = {"MEMSVC_RUN_WORKERS": "false", "MEMSVC_METRICS_PORT": str(metrics_port)}
+            env.update(item.split("=", 1) for item in args.server_env)
             with memsvc_server(stack, env) as target:
-                ms, got, degraded = asyncio.run(one_pass(target, asked, args, kind))
+                ms, got, flags = asyncio.run(one_pass(target, asked, args, kind))
                 outcomes = ahead_outcomes(_metrics(metrics_port))
             answers[kind] = got
-            results[kind] = {**percentiles(ms), "degraded": degraded, "ahead": outcomes}
+            degraded[kind] = flags
+            results[kind] = {**percentiles(ms), "degraded": sum(flags), "ahead": outcomes}
             print(kind, results[kind], flush=True)
     for kind in kinds[1:]:
         equal = sum(a == b for a, b in zip(answers[kind], answers["plain"], strict=True))
         results[kind]["equal_to_plain"] = round(equal / len(asked), 4)
         results[kind]["equal_to_plain_count"] = equal
+        # Why an answer differs: either side degraded (a leg missing: they are not the same
+        # computation), or not (then the streamed answer is wrong).
+        unequal = [
+            i
+            for i, (a, b) in enumerate(zip(answers[kind], answers["plain"], strict=True))
+            if a != b
+        ]
+        results[kind]["unequal_either_degraded"] = sum(
+            degraded[kind][i] or degraded["plain"][i] for i in unequal
+        )
     rows = [
         {"phase": kind, **{k: v for k, v in results[kind].items() if k != "ahead"}}
         for kind in kinds
