@@ -221,3 +221,32 @@ async def test_with_tracing_off_nothing_is_traced(caller: Caller, server: Memsvc
     assert tracing.server_span("/memsvc.v1.MemoryService/Recall", ()) is None
     reply = await caller.stub.Recall(pb.RecallRequest(scope=scope("alice"), query="anything"))
     assert reply.route
+
+
+async def test_prefetch_traces_its_cache_and_its_build(
+    exported: InMemorySpanExporter, caller: Caller, client: MemoryClient
+) -> None:
+    await remember(caller, "Daughter is named Maya")
+    exported.clear()
+    prefetch = "memsvc.v1.MemoryService/Prefetch"
+
+    await client.prefetch(pb.PrefetchRequest(scope=scope("alice")), timeout=5.0)
+
+    spans = await spans_until(
+        exported,
+        lambda s: len(named(s, prefetch)) == 2 and bool(named(s, "memsvc.prefetch.cache_put")),
+    )
+    # A miss: looked up, built, stored; the build's statements under the build.
+    assert ancestors(named(spans, "memsvc.prefetch.cache_get")[0], spans)[0] == prefetch
+    build = named(spans, "memsvc.prefetch.build")
+    assert len(build) == 1
+    assert ancestors(build[0], spans)[0] == prefetch
+    assert ancestors(named(spans, "memsvc.prefetch.cache_put")[0], spans)[0] == (
+        "memsvc.prefetch.build"
+    )
+    under_build = [
+        s
+        for s in spans
+        if s.name.startswith("postgresql") and "memsvc.prefetch.build" in ancestors(s, spans)
+    ]
+    assert under_build
