@@ -250,3 +250,28 @@ async def test_prefetch_traces_its_cache_and_its_build(
         if s.name.startswith("postgresql") and "memsvc.prefetch.build" in ancestors(s, spans)
     ]
     assert under_build
+
+
+async def test_a_recall_stream_is_one_trace_with_its_work_ahead_under_it(
+    exported: InMemorySpanExporter, caller: Caller, client: MemoryClient
+) -> None:
+    await remember(caller, "Daughter is named Maya")
+    exported.clear()
+    stream_rpc = "memsvc.v1.MemoryService/RecallStream"
+    request = pb.RecallStreamRequest(scope=scope("alice"))
+    async with client.recall_stream(request, final_timeout=5.0) as stream:
+        await stream.interim("what is her daughter")
+        await stream.interim("what is her daughter called")
+        reply = await stream.final("what is her daughter called")
+    assert reply.items
+
+    spans = await spans_until(exported, lambda s: len(named(s, stream_rpc)) == 2)
+    client_span = next(s for s in named(spans, stream_rpc) if s.kind is trace.SpanKind.CLIENT)
+    server_span = next(s for s in named(spans, stream_rpc) if s.kind is trace.SpanKind.SERVER)
+    assert client_span.context is not None and server_span.parent is not None
+    assert server_span.parent.span_id == client_span.context.span_id
+    assert {s.context.trace_id for s in spans if s.context is not None} == {
+        client_span.context.trace_id
+    }
+    ahead = named(spans, "memsvc.recall_ahead")
+    assert ahead and all(ancestors(s, spans)[0] == stream_rpc for s in ahead)
