@@ -218,7 +218,7 @@ async def test_with_tracing_off_nothing_is_traced(caller: Caller, server: Memsvc
     # One shared no-op for every span asked for: no OpenTelemetry object is made.
     assert tracing.span("memsvc.recall.lexical") is tracing.span("memsvc.embed")
     assert tracing.current_traceparent() is None
-    assert tracing.server_span("/memsvc.v1.MemoryService/Recall", ()) is None
+    assert tracing.server_span("/memsvc.v1.MemoryService/Recall", lambda: ()) is None
     reply = await caller.stub.Recall(pb.RecallRequest(scope=scope("alice"), query="anything"))
     assert reply.route
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -121,13 +121,16 @@ class ServerSpan:
         otel_context.detach(self._token)  # type: ignore[arg-type]
 
 
-def server_span(path: str, metadata: Iterable[tuple[str, Any]]) -> ServerSpan | None:
+def server_span(
+    path: str, metadata: Callable[[], Iterable[tuple[str, Any]] | None]
+) -> ServerSpan | None:
     """Start the server span of a call to ``path`` ("/pkg.Service/Method"), a child of the
-    caller's ``traceparent`` when its metadata has one; None when tracing is off."""
+    caller's ``traceparent`` when its metadata (read only when tracing is on) has one; None
+    when tracing is off."""
     tracer = _tracer
     if tracer is None:
         return None
-    carrier = {k: v for k, v in metadata if isinstance(v, str)}
+    carrier = {k: v for k, v in metadata() or () if isinstance(v, str)}
     parent = extract(carrier)
     service, _, method = path.lstrip("/").rpartition("/")
     started = tracer.start_span(

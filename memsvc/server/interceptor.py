@@ -116,7 +116,7 @@ class _Call:
         self._metrics = series
         self._queue = queue
         # A child of the caller's traceparent; None (and nothing done) when tracing is off.
-        self._span = tracing.server_span(path, context.invocation_metadata() or ())
+        self._span = tracing.server_span(path, context.invocation_metadata)
         if queue is not None:
             queue.entered()
         series.started.inc()
