@@ -339,6 +339,13 @@ class Settings:
         "(the answer lists them in `skipped_legs`); 0: always wait for both legs",
     )
     max_query_chars: int = setting(2_000, "longest Recall query or Prefetch hint")
+    # A transcriber sends an interim every 100-300 ms; each costs a Recall's CPU ahead.
+    recall_stream_interims_per_s: float = setting(
+        10.0,
+        "interim transcripts one RecallStream may send per second (bursts of one second's "
+        "worth) that are worked ahead; beyond, an interim is not worked ahead (counted in "
+        '`memsvc_recall_ahead_total{outcome="over_rate"}`; the final is still answered)',
+    )
     recall_candidates: int = setting(50, "candidates per leg before fusion (at least `top_k`)")
     # Measured on the LoCoMo dev split (turn-level R@10, bench/locomo_eval.py): plain RRF at
     # k=60 fused below the lexical leg alone (67.8 vs 75.2); k=10 with the dense leg at half
@@ -749,6 +756,8 @@ class Settings:
             raise ConfigError("MEMSVC_READS_MAX_CPU_BUSY must be in [0, 1]")
         if not 0 <= self.recall_answer_headroom <= 0.5:
             raise ConfigError("MEMSVC_RECALL_ANSWER_HEADROOM must be within 0..0.5")
+        if self.recall_stream_interims_per_s <= 0:
+            raise ConfigError("MEMSVC_RECALL_STREAM_INTERIMS_PER_S must be above 0")
         if self.recall_lexical_enough_below_ms < 0:
             raise ConfigError("MEMSVC_RECALL_LEXICAL_ENOUGH_BELOW_MS must be at least 0")
         if not 0.0 <= self.recall_min_relevance <= 1.0:

@@ -629,6 +629,15 @@ def valid_requests(method: str, known: Known) -> st.SearchStrategy[Message]:
             scopes,
             st.sampled_from(["where do I live", "咖啡", "tea"]),
         ),
+        # One request of a stream: a final (the fuzz sends one message per call).
+        "RecallStream": st.builds(
+            lambda sc, q, final: pb.RecallStreamRequest(
+                scope=sc, query=q, top_k=5, final=final, final_deadline_ms=800
+            ),
+            scopes,
+            st.sampled_from(["where do I live", "咖啡", "tea"]),
+            st.booleans(),
+        ),
         "Ingest": st.builds(
             lambda key, msgs: pb.IngestRequest(
                 scope=ALICE, session_id="s-fuzz", idempotency_key=key, messages=msgs

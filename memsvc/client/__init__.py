@@ -5,6 +5,7 @@ from memsvc.client.builders import message, scope
 from memsvc.client.client import MemoryClient
 from memsvc.client.errors import MemsvcCallError
 from memsvc.client.presets import PRESETS, Preset
+from memsvc.client.recall_stream import RecallStream
 from memsvc.client.retry import RetryPolicy
 
 __all__ = [
@@ -15,6 +16,7 @@ __all__ = [
     "MemoryClient",
     "MemsvcCallError",
     "Preset",
+    "RecallStream",
     "RetryPolicy",
     "message",
     "scope",

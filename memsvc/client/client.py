@@ -18,9 +18,11 @@ from typing import TypeVar
 
 import grpc
 
+from memsvc.client import tracing
 from memsvc.client.background import IngestFailure, IngestQueue, IngestQueueStats
 from memsvc.client.errors import from_rpc_error
 from memsvc.client.presets import Preset, timeout_s
+from memsvc.client.recall_stream import RecallStream
 from memsvc.client.retry import RetryPolicy, backoff_ms, retry_after_ms
 from memsvc.v1 import memory_pb2 as pb
 from memsvc.v1 import memory_pb2_grpc as pb_grpc
@@ -160,6 +162,43 @@ class MemoryClient:
     ) -> pb.RecallResponse:
         return await self._call(
             "Recall", self._stub.Recall, request, True, preset, timeout, request_id
+        )
+
+    def recall_stream(
+        self,
+        request: pb.RecallStreamRequest,
+        *,
+        final_preset: Preset | None = None,
+        final_timeout: float | None = None,
+        timeout: float | None = None,
+        request_id: str | None = None,
+    ) -> RecallStream:
+        """Open a RecallStream for a voice call's utterances (see ``RecallStream``): send
+        the interim transcripts, then each final for Recall's answer. ``request`` carries the
+        scope and the other Recall fields; its ``final_deadline_ms``, when unset, comes from
+        ``final_timeout`` or ``final_preset`` (default: the client's preset). ``timeout``:
+        the whole stream's deadline (None: until closed). Not retried: a stream that failed
+        raises, and the caller opens another (or recalls without it)."""
+        rid = request_id or new_request_id()
+        metadata = grpc.aio.Metadata((REQUEST_ID_HEADER, rid))
+        if self._api_key is not None:
+            metadata.add(API_KEY_HEADER, self._api_key)
+        span = tracing.stream_span("RecallStream")
+        tracing.inject(metadata, span)
+        first = pb.RecallStreamRequest()
+        first.CopyFrom(request)
+        if not first.final_deadline_ms:
+            first.final_deadline_ms = round(
+                timeout_s(final_preset or self._default_preset, final_timeout) * 1000
+            )
+        return RecallStream(
+            self._stub,
+            first,
+            metadata=metadata,
+            request_id=rid,
+            timeout=timeout,
+            final_timeout_s=first.final_deadline_ms / 1000,
+            span=span,
         )
 
     async def get_ingest_status(
@@ -564,19 +603,23 @@ class MemoryClient:
             metadata.add(API_KEY_HEADER, self._api_key)
         attempts = self._retry.max_attempts if retryable else 1
         attempt = 0
-        while True:
-            attempt += 1
-            try:
-                # The server reads the deadline from the call: each attempt sends what is left.
-                return await method(request, timeout=deadline - loop.time(), metadata=metadata)
-            except grpc.aio.AioRpcError as exc:
-                error = from_rpc_error(exc, rpc=rpc, request_id=rid, attempts=attempt)
-                if attempt >= attempts or exc.code() not in self._retry.retryable:
-                    raise error from exc
-                delay_s = self._backoff_s(attempt, exc, deadline - loop.time())
-                if delay_s is None:
-                    raise error from exc
-                await asyncio.sleep(delay_s)
+        # One span for the call, its retries included; its trace context goes to the server.
+        with tracing.call_span(rpc):
+            tracing.inject(metadata)
+            while True:
+                attempt += 1
+                try:
+                    # The server reads the deadline from the call: each attempt sends what is
+                    # left.
+                    return await method(request, timeout=deadline - loop.time(), metadata=metadata)
+                except grpc.aio.AioRpcError as exc:
+                    error = from_rpc_error(exc, rpc=rpc, request_id=rid, attempts=attempt)
+                    if attempt >= attempts or exc.code() not in self._retry.retryable:
+                        raise error from exc
+                    delay_s = self._backoff_s(attempt, exc, deadline - loop.time())
+                    if delay_s is None:
+                        raise error from exc
+                    await asyncio.sleep(delay_s)
 
     def _backoff_s(
         self, attempt: int, exc: grpc.aio.AioRpcError, remaining_s: float

@@ -14,13 +14,29 @@ class JobPayload:
     end_of_session: bool = False
     goals: tuple[str, ...] = ()
     counterpart_persona_id: str = ""
+    # The Ingest call's W3C traceparent when tracing is on: its extraction job's span links
+    # to it (only the worker's tracing reads it; the pipeline ignores it).
+    traceparent: str | None = None
 
     def as_json(self) -> dict[str, object]:
-        return {
+        stored: dict[str, object] = {
             "end_of_session": self.end_of_session,
             "goals": list(self.goals),
             "counterpart_persona_id": self.counterpart_persona_id,
         }
+        if self.traceparent:
+            stored["traceparent"] = self.traceparent
+        return stored
+
+
+def traceparent_of(raw: object) -> str | None:
+    """The traceparent an Ingest stored in its job's payload, if any (never raises: a
+    trace is never a reason to fail a job)."""
+    if isinstance(raw, dict):
+        value = raw.get("traceparent")
+        if isinstance(value, str) and len(value) <= 128:
+            return value
+    return None
 
 
 def parse_payload(raw: object) -> JobPayload:

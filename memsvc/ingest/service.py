@@ -23,6 +23,7 @@ from memsvc.governance.guard import PiiGuard
 from memsvc.governance.policy import TenantPolicies, parse_pii_policy
 from memsvc.ingest.fingerprint import request_digest
 from memsvc.ingest.payload import JobPayload
+from memsvc.observability import tracing
 from memsvc.storage import citus, outbox
 from memsvc.storage.messages import StoredMessage, insert_messages
 from memsvc.storage.model import Scope
@@ -137,29 +138,34 @@ class IngestService:
             command, redacted = await self._screened(command, policy.pii, budget)
             ttl_s = policy.message_ttl_s
         payload = JobPayload(
-            command.end_of_session, command.goals, command.counterpart_persona_id
+            command.end_of_session,
+            command.goals,
+            command.counterpart_persona_id,
+            tracing.current_traceparent(),
         ).as_json()
         digest = request_digest(command)
         async with acquire(self._pool, budget, timeout_s=self._acquire_timeout_s) as conn:
             if self._on_citus is None:
                 self._on_citus = await citus.has_citus(conn)
             async with conn.transaction():
-                fresh = await outbox.enqueue(
-                    conn,
-                    command.scope,
-                    ingest_id=ingest_id,
-                    idempotency_key=command.idempotency_key,
-                    session_id=command.session_id,
-                    payload=payload,
-                    request_digest=digest,
-                )
-                accepted = (
-                    await insert_messages(
-                        conn, command.scope, ingest_id, command.messages, ttl_s=ttl_s
+                with tracing.span("memsvc.ingest.outbox_write", ingest_id=str(ingest_id)):
+                    fresh = await outbox.enqueue(
+                        conn,
+                        command.scope,
+                        ingest_id=ingest_id,
+                        idempotency_key=command.idempotency_key,
+                        session_id=command.session_id,
+                        payload=payload,
+                        request_digest=digest,
                     )
-                    if fresh
-                    else 0
-                )
+                accepted = 0
+                if fresh:
+                    with tracing.span(
+                        "memsvc.ingest.messages_write", messages=len(command.messages)
+                    ):
+                        accepted = await insert_messages(
+                            conn, command.scope, ingest_id, command.messages, ttl_s=ttl_s
+                        )
                 if fresh and self._on_citus:
                     await outbox.wake(conn, command.scope)
             if not fresh:

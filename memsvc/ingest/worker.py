@@ -30,8 +30,9 @@ import asyncpg
 from memsvc.concurrency.backoff import backoff_delay
 from memsvc.config import WORKER_ACQUIRE_TIMEOUT_S
 from memsvc.ingest.failures import Failure, Verdict, classify
+from memsvc.ingest.payload import traceparent_of
 from memsvc.ingest.pipeline import ExtractionPipeline, Outcome
-from memsvc.observability import metrics
+from memsvc.observability import metrics, tracing
 from memsvc.storage import outbox
 from memsvc.storage.connection import Connection
 from memsvc.storage.errors import DATABASE_DOWN
@@ -379,7 +380,14 @@ class OutboxWorker:
             return
         try:
             async with asyncio.timeout(self._settings.job_timeout_s):
-                outcome = await self._watched(job)
+                # Its own trace (the Ingest call ended long ago), linked to that call's.
+                with tracing.linked_span(
+                    "memsvc.extraction_job",
+                    traceparent_of(job.payload),
+                    ingest_id=str(job.ingest_id),
+                    attempt=job.attempts,
+                ):
+                    outcome = await self._watched(job)
         except JobGone:
             # Deleted (ForgetSession, erasure) or taken over: nothing to record, and its
             # parsing already stopped.

@@ -99,6 +99,13 @@ RECALL_SKIPPED_LEGS = Counter(
     "query under a voice-sized deadline (embed: not even computed)",
     ["leg"],
 )
+RECALL_AHEAD = Counter(
+    "memsvc_recall_ahead_total",
+    "RecallStream work ahead: finals answered from an answer computed ahead (ready), from "
+    "one still running (awaited) or afresh (missed); attempts cancelled by a newer interim; "
+    "interims beyond the stream's rate, not worked ahead (over_rate)",
+    ["outcome"],
+)
 PREFETCH_STAGE_SECONDS = Histogram(
     "memsvc_prefetch_stage_seconds",
     "Prefetch time per stage (cache, embed, build, total)",

@@ -40,7 +40,7 @@ from memsvc.embedding import EmbeddingError
 from memsvc.embedding.base import EmbeddingTimeout
 from memsvc.errors import ResourceExhausted
 from memsvc.governance import trust
-from memsvc.observability import metrics
+from memsvc.observability import metrics, tracing
 from memsvc.prefetch import assembly, codec, expiry, packet, queries
 from memsvc.prefetch.model import (
     CORE,
@@ -297,12 +297,14 @@ class PrefetchService:
         started = time.perf_counter()
         wire: pb.PrefetchResponse | None = None
         status = CacheStatus.MISS
-        try:
-            raw = await self._cache.get(key, budget_s=budget.remaining())
-        except CacheDeadline:
-            raw, status = None, CacheStatus.SKIPPED
-        except CacheUnavailable:
-            raw, status = None, CacheStatus.BYPASSED
+        with tracing.span("memsvc.prefetch.cache_get"):
+            try:
+                raw = await self._cache.get(key, budget_s=budget.remaining())
+            except CacheDeadline:
+                raw, status = None, CacheStatus.SKIPPED
+            except CacheUnavailable:
+                raw, status = None, CacheStatus.BYPASSED
+            tracing.set_attributes(found=raw is not None)
         if raw is not None:
             try:
                 wire = codec.decode(raw)
@@ -322,6 +324,12 @@ class PrefetchService:
         self._references.record(query.scope.tenant_id, query.scope.user_id, ids)
 
     async def _build(
+        self, query: PrefetchQuery, version: int, key: str, budget: Budget, *, use_cache: bool
+    ) -> _Build:
+        with tracing.span("memsvc.prefetch.build", version=version):
+            return await self._build_packet(query, version, key, budget, use_cache=use_cache)
+
+    async def _build_packet(
         self, query: PrefetchQuery, version: int, key: str, budget: Budget, *, use_cache: bool
     ) -> _Build:
         if use_cache:
@@ -363,19 +371,20 @@ class PrefetchService:
         # built then could hold what the erasure removed. It is cheap to build; never cache it.
         if use_cache and not degraded and version > 0:
             cache_started = time.perf_counter()
-            try:
-                await self._cache.put(
-                    key,
-                    user_index_key(query.scope.tenant_id, query.scope.user_id),
-                    encoded,
-                    budget_s=max(budget.remaining(), 0.001),
-                    max_ttl_ms=expiry.max_ttl_ms(built, datetime.now(UTC)),
-                )
-                stored = True
-            except CacheDeadline:
-                stored, put_status = False, CacheStatus.SKIPPED
-            except CacheUnavailable:
-                stored, put_status = False, CacheStatus.BYPASSED
+            with tracing.span("memsvc.prefetch.cache_put"):
+                try:
+                    await self._cache.put(
+                        key,
+                        user_index_key(query.scope.tenant_id, query.scope.user_id),
+                        encoded,
+                        budget_s=max(budget.remaining(), 0.001),
+                        max_ttl_ms=expiry.max_ttl_ms(built, datetime.now(UTC)),
+                    )
+                    stored = True
+                except CacheDeadline:
+                    stored, put_status = False, CacheStatus.SKIPPED
+                except CacheUnavailable:
+                    stored, put_status = False, CacheStatus.BYPASSED
             cache_ms = (time.perf_counter() - cache_started) * 1000
         return _Build(
             encoded,

@@ -17,6 +17,7 @@ import numpy.typing as npt
 
 from memsvc.embedding import Embedder
 from memsvc.embedding.base import EmbeddingTimeout
+from memsvc.observability import tracing
 
 Vector = npt.NDArray[np.float32]
 
@@ -145,6 +146,10 @@ class QueryEmbedder:
         vector = self.cached(tenant_id, text)
         if vector is not None:
             return vector
+        with tracing.span("memsvc.embed", queued=len(self._queue)):
+            return await self._embed(tenant_id, text, timeout_s)
+
+    async def _embed(self, tenant_id: str, text: str, timeout_s: float) -> Vector:
         if self.expected_wait_s() > timeout_s:
             self.refused += 1
             raise EmbeddingTimeout("the embedder's queue would not clear within the budget")

@@ -27,7 +27,7 @@ from memsvc.concurrency.loop_lag import LoopLag
 from memsvc.config import Settings
 from memsvc.embedding.base import EmbeddingTimeout
 from memsvc.governance import trust
-from memsvc.observability import metrics
+from memsvc.observability import metrics, tracing
 from memsvc.retrieval import route_effects
 from memsvc.retrieval.dense import dense_hits
 from memsvc.retrieval.embed_cache import QueryEmbedder
@@ -210,6 +210,12 @@ class RecallService:
     async def _dense(
         self, query: RecallQuery, budget: Budget, limit: int, progress: _DenseProgress
     ) -> list[Hit]:
+        with tracing.span("memsvc.recall.dense"):
+            return await self._dense_leg(query, budget, limit, progress)
+
+    async def _dense_leg(
+        self, query: RecallQuery, budget: Budget, limit: int, progress: _DenseProgress
+    ) -> list[Hit]:
         vector = query.vector
         if vector is None:
             started = time.perf_counter()
@@ -243,6 +249,12 @@ class RecallService:
     async def _lexical(
         self, query: RecallQuery, budget: Budget, limit: int, *, with_vectors: bool
     ) -> list[Hit]:
+        with tracing.span("memsvc.recall.lexical"):
+            return await self._lexical_leg(query, budget, limit, with_vectors=with_vectors)
+
+    async def _lexical_leg(
+        self, query: RecallQuery, budget: Budget, limit: int, *, with_vectors: bool
+    ) -> list[Hit]:
         async with acquire(
             self._pool, budget, timeout_s=self._config.acquire_timeout_s, busy_is_late=True
         ) as conn:
@@ -260,7 +272,22 @@ class RecallService:
                 embedding_model=self._embedder.model_id if with_vectors else None,
             )
 
-    async def recall(self, query: RecallQuery, budget: Budget) -> RecallResult:
+    def record_references(self, query: RecallQuery, result: RecallResult) -> None:
+        """Count the answer's memories as referenced (trust): done by :meth:`recall`, and by a
+        caller that answers with a result computed ahead (``record_references=False``)."""
+        if self._references is not None:
+            scope = query.scope
+            self._references.record(
+                scope.tenant_id,
+                scope.user_id,
+                (r.memory.memory_id for r in result.items if r.memory is not None),
+            )
+
+    async def recall(
+        self, query: RecallQuery, budget: Budget, *, record_references: bool = True
+    ) -> RecallResult:
+        """``record_references``: False for work ahead of a question not yet asked (a
+        RecallStream's interims): only an answer the caller receives counts as a reference."""
         if self._loop_lag is not None:
             self._loop_lag.admit_read(self._config.max_loop_lag_s)
         started = time.perf_counter()
@@ -371,19 +398,12 @@ class RecallService:
         # items' relevance is then their word coverage, whatever the timing.
         vector = progress.vector if progress.embedded and not skipped else None
         ranked = keep_relevant(query, ranked, vector)
-        if self._references is not None:
-            scope = query.scope
-            self._references.record(
-                scope.tenant_id,
-                scope.user_id,
-                (r.memory.memory_id for r in ranked if r.memory is not None),
-            )
         timings.fuse_ms = (time.perf_counter() - fuse_started) * 1000
         timings.total_ms = (time.perf_counter() - started) * 1000
         order = [EMBED, DENSE, LEXICAL]
         missing_sorted = tuple(sorted(set(missing), key=order.index))
         _observe(timings, {leg: reasons[leg] for leg in missing_sorted}, skipped)
-        return RecallResult(
+        answer = RecallResult(
             items=ranked,
             degraded=bool(missing_sorted),
             missing_legs=missing_sorted,
@@ -391,6 +411,9 @@ class RecallService:
             route=plan.route,
             skipped_legs=skipped,
         )
+        if record_references:
+            self.record_references(query, answer)
+        return answer
 
 
 def keep_relevant(

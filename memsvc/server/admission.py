@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from memsvc.concurrency.cpu_busy import CpuBusy
 from memsvc.errors import DeadlineExceeded, Overloaded, ResourceExhausted
-from memsvc.observability import metrics, shed_log
+from memsvc.observability import metrics, shed_log, tracing
 from memsvc.server.core_queue import CoreQueue
 
 # Retry hint when a cap on calls in flight is reached: a slot frees as soon as one of those
@@ -192,6 +192,18 @@ class InFlightLimit:
         alone when the embedder is busy) says how long its cheapest answer takes now; it is
         refused only when that does not fit, instead of by the queue model, which counts the
         reads waiting for the embedder as if each had to be waited for."""
+        with tracing.span("memsvc.admission.read"):
+            ahead = self._admit_read(budget_s, floor_s)
+        started = self._clock()
+        self._in_flight += 1
+        try:
+            yield
+        finally:
+            self._in_flight -= 1
+            self._completed(ahead, self._clock() - started)
+
+    def _admit_read(self, budget_s: float | None, floor_s: float | None) -> int:
+        """Raise the refusal a read meets now, if any; the reads ahead of it."""
         refused = self.refusal()
         if refused is not None:
             raise refused
@@ -218,13 +230,7 @@ class InFlightLimit:
                     f"{expected_s * 1000:.0f} ms ({ahead} ahead of it), too close to its "
                     f"deadline ({budget_s * 1000:.0f} ms left)"
                 )
-        started = self._clock()
-        self._in_flight += 1
-        try:
-            yield
-        finally:
-            self._in_flight -= 1
-            self._completed(ahead, self._clock() - started)
+        return ahead
 
     def _completed(self, ahead: int, took_s: float) -> None:
         alpha = self.ALPHA if self._seen else 1.0
@@ -288,15 +294,17 @@ class TenantLimits:
     def admit(self, tenant: str) -> Iterator[None]:
         """Hold one of the tenant's slots for the block; ResourceExhausted (with a retry
         hint) when the tenant is over its rate or has too many calls in flight."""
-        in_flight = self._in_flight.get(tenant, 0)
-        if self._max_in_flight and in_flight >= self._max_in_flight:
-            metrics.TENANT_LIMITED.labels("in_flight").inc()
-            raise ResourceExhausted(
-                f"more than {self._max_in_flight} calls of this tenant in flight; retry shortly",
-                retry_after_s=IN_FLIGHT_RETRY_AFTER_S,
-            )
-        if self._rate_per_s:
-            self._take(tenant)
+        with tracing.span("memsvc.admission.tenant"):
+            in_flight = self._in_flight.get(tenant, 0)
+            if self._max_in_flight and in_flight >= self._max_in_flight:
+                metrics.TENANT_LIMITED.labels("in_flight").inc()
+                raise ResourceExhausted(
+                    f"more than {self._max_in_flight} calls of this tenant in flight; "
+                    "retry shortly",
+                    retry_after_s=IN_FLIGHT_RETRY_AFTER_S,
+                )
+            if self._rate_per_s:
+                self._take(tenant)
         self._in_flight[tenant] = in_flight + 1
         try:
             yield

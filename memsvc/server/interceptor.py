@@ -23,7 +23,7 @@ from google.protobuf.message import DecodeError
 from grpc._cython import cygrpc  # type: ignore[attr-defined]
 
 from memsvc.errors import DeadlineExceeded, InvalidArgument
-from memsvc.observability import call_context, metrics
+from memsvc.observability import call_context, metrics, tracing
 from memsvc.server import request_context, status
 from memsvc.server.core_queue import CoreQueue
 
@@ -101,7 +101,7 @@ class _MethodMetrics:
 class _Call:
     """One observed call: ids in the context, the request id echoed, metrics on finish."""
 
-    __slots__ = ("_metrics", "_queue", "_started", "_tokens")
+    __slots__ = ("_metrics", "_queue", "_span", "_started", "_tokens")
 
     def __init__(
         self, context: Context, path: str, series: _MethodMetrics, queue: CoreQueue | None
@@ -115,6 +115,8 @@ class _Call:
         )
         self._metrics = series
         self._queue = queue
+        # A child of the caller's traceparent; None (and nothing done) when tracing is off.
+        self._span = tracing.server_span(path, context.invocation_metadata)
         if queue is not None:
             queue.entered()
         series.started.inc()
@@ -128,6 +130,8 @@ class _Call:
         series.in_flight.dec()
         if self._queue is not None:
             self._queue.left()
+        if self._span is not None:
+            self._span.end(code.name)
         request_id, rpc, tenant = self._tokens
         call_context.tenant.reset(tenant)
         call_context.rpc.reset(rpc)

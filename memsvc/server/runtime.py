@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from contextlib import AsyncExitStack
 from typing import Self
 
@@ -41,6 +42,7 @@ from memsvc.memories.core_blocks import CoreBlockService
 from memsvc.memories.service import MemoryService
 from memsvc.memories.sessions import SessionService
 from memsvc.memories.watch import ChangeStream, WatchConfig
+from memsvc.observability import tracing
 from memsvc.prefetch.service import PrefetchConfig, PrefetchService
 from memsvc.prefetch.warmer import PacketWarmer, WarmConfig
 from memsvc.retrieval.embed_cache import EmbeddingLRU, QueryEmbedder
@@ -180,6 +182,10 @@ class Runtime:
 
     async def _build(self, settings: Settings, default_pii: dict[str, str]) -> None:
         """Parts, then the services over them, then the background work over the services."""
+        # Traces when the standard OTEL_* variables ask for them; before the pool, whose
+        # connections then report their statements. Flushed when the runtime closes.
+        if not tracing.enabled() and tracing.configure(os.environ):
+            self._stack.callback(tracing.shutdown)
         await self._connect(settings)
         await self._build_plugins(settings)
         self._build_governance(settings, default_pii)

@@ -33,11 +33,12 @@ from memsvc.memories.core_blocks import CoreBlockService
 from memsvc.memories.service import MemoryService
 from memsvc.memories.sessions import SessionService
 from memsvc.memories.watch import ChangeStream
-from memsvc.observability import call_context
+from memsvc.observability import call_context, metrics, tracing
 from memsvc.prefetch.model import PrefetchQuery
 from memsvc.prefetch.service import PrefetchService
 from memsvc.retrieval.query import RecallQuery
-from memsvc.retrieval.recall import RecallService
+from memsvc.retrieval.recall import RecallResult, RecallService
+from memsvc.retrieval.recall_ahead import RecallAhead
 from memsvc.server import (
     convert,
     convert_batch,
@@ -55,7 +56,13 @@ from memsvc.server import (
     validate_update,
     validate_watch,
 )
-from memsvc.server.admission import IN_FLIGHT_RETRY_AFTER_S, InFlightLimit, TenantLimits
+from memsvc.server.admission import (
+    IN_FLIGHT_RETRY_AFTER_S,
+    Bucket,
+    InFlightLimit,
+    TenantLimits,
+    take_token,
+)
 from memsvc.server.auth import Authenticator, Metadata
 from memsvc.server.core_queue import CoreQueue
 from memsvc.storage.errors import map_db_error
@@ -208,7 +215,8 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         so their outer guard sits that much later and only fires if something overran.
         ``max_deadline_ms``: the longest the call may run, whatever deadline it set."""
         try:
-            tenant = await self._auth.tenant(_metadata(context))
+            with tracing.span("memsvc.auth"):
+                tenant = await self._auth.tenant(_metadata(context))
             call_context.tenant.set(tenant)
             # After authentication, so a tenant is limited by what it sends, never by others.
             with self._tenants.admit(tenant):
@@ -416,6 +424,116 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             default_deadline_ms=self._settings.recall_default_deadline_ms,
             floor=service.floor_s,
         )
+
+    async def RecallStream(
+        self, request_iterator: AsyncIterator[pb.RecallStreamRequest], context: Context
+    ) -> AsyncIterator[pb.RecallResponse]:
+        """Interim transcripts in, one Recall answer per final out (retrieval/recall_ahead.py
+        works ahead on the interims). Authenticated once; the first request is validated as
+        a Recall before any work; each final is admitted and served as a Recall is (tenant
+        limits, a read slot, its own budget); work ahead runs only while live reads leave
+        room and never fails the stream. An error ends the stream with its status."""
+        service = self._recall
+        if service is None:
+            await self._unimplemented(context, "RecallStream", "read path")
+            return
+        try:
+            tenant = await self._auth.tenant(_metadata(context))
+            call_context.tenant.set(tenant)
+            requests = aiter(request_iterator)
+            first = await validate_read.recall_stream_read(requests)
+            if first is None:
+                return
+            with self._tenants.admit(tenant):
+                scope = validate.scope(
+                    first.scope, tenant, self._settings, present=first.HasField("scope")
+                )
+                opened = validate_read.recall_stream_open(first, scope, self._settings)
+            final_s = opened.final_deadline_ms / 1000
+            ahead = RecallAhead(
+                service,
+                lambda query, budget: self._recall_ahead(service, query, budget),
+                budget_s=final_s - self._settings.deadline_margin_ms / 1000,
+            )
+            rate = self._settings.recall_stream_interims_per_s
+            burst = max(1.0, rate)
+            bucket = Bucket(burst, time.monotonic())
+            try:
+                request: pb.RecallStreamRequest | None = first
+                while request is not None:
+                    if request is not first:
+                        validate_read.recall_stream_next(request)
+                    text = validate_read.query_text(request.query, "query", self._settings)
+                    if request.final:
+                        query = validate_read.recall_stream_query(
+                            opened.template, text, scope, self._settings
+                        )
+                        yield await self._recall_final(context, service, ahead, query, final_s)
+                    else:
+                        bucket, wait_s = take_token(
+                            bucket, time.monotonic(), rate_per_s=rate, burst=burst
+                        )
+                        if wait_s > 0:
+                            # Beyond the rate: not worked ahead (the final is still answered).
+                            # Ending the stream instead would race the caller's writes already
+                            # in flight, and a transcriber's burst would cost the turn.
+                            metrics.RECALL_AHEAD.labels("over_rate").inc()
+                        elif text:
+                            ahead.interim(
+                                validate_read.recall_stream_query(
+                                    opened.template, text, scope, self._settings
+                                )
+                            )
+                    request = await validate_read.recall_stream_read(requests)
+            finally:
+                await ahead.aclose()
+            return
+        except Exception as exc:  # as in _run: every failure is answered with a status
+            error = answer_for("RecallStream", exc)
+        await status.abort(context, error)
+
+    async def _recall_final(
+        self,
+        context: Context,
+        service: RecallService,
+        ahead: RecallAhead,
+        query: RecallQuery,
+        final_s: float,
+    ) -> pb.RecallResponse:
+        """One final of a RecallStream, served as a Recall: the tenant's limits, a read slot,
+        and a budget of ``final_s`` from now (within what the stream's deadline leaves)."""
+        remaining = context.time_remaining()
+        budget = Budget.from_remaining(
+            final_s if remaining is None else min(final_s, remaining),
+            default_ms=self._settings.recall_default_deadline_ms,
+            margin_ms=self._settings.deadline_margin_ms,
+        )
+        with self._tenants.admit(query.scope.tenant_id):
+            self._notify_read(query.scope)
+            with self._reads.slot(budget.remaining(), floor_s=service.floor_s()):
+                async with asyncio.timeout(budget.remaining() + self._read_slack()):
+                    return convert_read.recall_response(await ahead.final(query, budget))
+
+    async def _recall_ahead(
+        self, service: RecallService, query: RecallQuery, budget: Budget
+    ) -> RecallResult | None:
+        """One attempt ahead of a final: only while live reads leave room (it is optional
+        work), holding a read slot like any read; None when refused or failed (the final
+        then recalls afresh and answers any error)."""
+        if self.reads_busy():
+            return None
+        try:
+            with (
+                tracing.span("memsvc.recall_ahead", words=len(query.text.split())),
+                self._reads.slot(budget.remaining(), floor_s=service.floor_s()),
+            ):
+                return await service.recall(query, budget, record_references=False)
+        except MemsvcError:
+            return None
+        except Exception as exc:
+            if to_memsvc_error(exc) is None:
+                raise
+            return None
 
     async def _read(
         self,

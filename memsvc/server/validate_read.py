@@ -1,11 +1,14 @@
-"""Validation of Recall and Prefetch requests: proto in, domain query out, InvalidArgument."""
+"""Validation of Recall, RecallStream and Prefetch requests: proto in, domain query out."""
 
 from __future__ import annotations
 
 import math
 import unicodedata
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from memsvc.config import Settings
 from memsvc.errors import InvalidArgument
@@ -185,3 +188,75 @@ def prefetch(request: pb.PrefetchRequest, scope: Scope, settings: Settings) -> P
         chars=chars or settings.packet_default_chars,
         tokens=tokens,
     )
+
+
+# RecallStream: the longest answer time a stream may ask of its finals (a minute, as the
+# longest default read deadline would be absurd for a transcript).
+MAX_FINAL_DEADLINE_MS = 60_000
+
+
+@dataclass(frozen=True)
+class RecallStreamOpen:
+    """What a RecallStream's first request settles for the whole stream."""
+
+    # The Recall every transcript asks, less its text.
+    template: pb.RecallRequest
+    final_deadline_ms: int
+
+
+def recall_stream_open(
+    first: pb.RecallStreamRequest, scope: Scope, settings: Settings
+) -> RecallStreamOpen:
+    """The first request of a RecallStream, checked as Recall checks its request (its text
+    may still be empty: an interim with no words yet)."""
+    if first.final_deadline_ms > MAX_FINAL_DEADLINE_MS:
+        raise InvalidArgument(
+            f"final_deadline_ms: at most {MAX_FINAL_DEADLINE_MS} (0: the Recall default)"
+        )
+    template = pb.RecallRequest(top_k=first.top_k, types=first.types, mode=first.mode)
+    if first.HasField("scope"):
+        template.scope.CopyFrom(first.scope)
+    if first.HasField("as_of"):
+        template.as_of.CopyFrom(first.as_of)
+    if first.HasField("filters"):
+        template.filters.CopyFrom(first.filters)
+    # Every field but the text, now: a bad stream is refused before any work. A text that
+    # is still empty is checked with each transcript, where it may not stay empty.
+    recall_stream_query(template, first.query.strip() or "-", scope, settings)
+    return RecallStreamOpen(
+        template=template,
+        final_deadline_ms=first.final_deadline_ms or settings.recall_default_deadline_ms,
+    )
+
+
+def recall_stream_next(request: pb.RecallStreamRequest) -> None:
+    """A later request of a stream sets only its text (and ``final``)."""
+    rest = pb.RecallStreamRequest()
+    rest.CopyFrom(request)
+    rest.ClearField("query")
+    rest.ClearField("final")
+    fields = rest.ListFields()
+    if fields:
+        raise InvalidArgument(
+            f"{fields[0][0].name}: only the first request of a RecallStream may set it"
+        )
+
+
+def recall_stream_query(
+    template: pb.RecallRequest, text: str, scope: Scope, settings: Settings
+) -> RecallQuery:
+    """One transcript of a stream as the Recall it asks, validated as Recall's request."""
+    request = pb.RecallRequest()
+    request.CopyFrom(template)
+    request.query = text
+    return recall(request, scope, settings)
+
+
+async def recall_stream_read(
+    requests: AsyncIterator[pb.RecallStreamRequest],
+) -> pb.RecallStreamRequest | None:
+    """The stream's next request (None at its end); bytes that are not one are refused."""
+    try:
+        return await anext(requests, None)
+    except DecodeError:
+        raise InvalidArgument("a stream message is not a valid RecallStreamRequest") from None

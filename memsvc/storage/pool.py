@@ -15,7 +15,7 @@ from memsvc.concurrency.deadline import Budget
 from memsvc.concurrency.shares import TenantWaits
 from memsvc.config import Settings
 from memsvc.errors import ResourceExhausted
-from memsvc.observability import call_context
+from memsvc.observability import call_context, tracing
 from memsvc.storage.connection import Connection
 from memsvc.storage.migrate import migrate
 
@@ -68,6 +68,9 @@ async def close(pool: asyncpg.Pool, *, timeout_s: float = CLOSE_TIMEOUT_S) -> No
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
     await register_vector(conn)
+    if tracing.enabled():
+        # A span per statement; with tracing off asyncpg keeps its path without loggers.
+        conn.add_query_logger(tracing.sql_logger)
 
 
 async def _keep_session(conn: Connection) -> None:

@@ -925,7 +925,10 @@ class ListMemoriesRequest(_message.Message):
     page_size: _builtins.int
     """Default 50 (0), at most 500 (more is INVALID_ARGUMENT)."""
     page_token: _builtins.str
-    """Empty for the first page, else next_page_token of the previous response (same filters)."""
+    """Empty for the first page, else next_page_token of the previous response, sent with the
+    same scope, include_superseded and filters (page_size may change); a token of another
+    listing is INVALID_ARGUMENT.
+    """
     include_superseded: _builtins.bool
     """Also list superseded versions. Default false (current ones only)."""
     @_builtins.property
@@ -1498,6 +1501,72 @@ class RecallRequest(_message.Message):
 Global___RecallRequest: _TypeAlias = RecallRequest  # noqa: Y015
 
 @_typing.final
+class RecallStreamRequest(_message.Message):
+    """One transcript of a RecallStream: an interim one, or the utterance's final one."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCOPE_FIELD_NUMBER: _builtins.int
+    QUERY_FIELD_NUMBER: _builtins.int
+    TOP_K_FIELD_NUMBER: _builtins.int
+    TYPES_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
+    AS_OF_FIELD_NUMBER: _builtins.int
+    FILTERS_FIELD_NUMBER: _builtins.int
+    FINAL_FIELD_NUMBER: _builtins.int
+    FINAL_DEADLINE_MS_FIELD_NUMBER: _builtins.int
+    query: _builtins.str
+    """The transcript so far (interim) or the whole utterance (final); as RecallRequest.query.
+    An empty interim is ignored; a final needs a text.
+    """
+    top_k: _builtins.int
+    """First request only: as RecallRequest.top_k."""
+    mode: Global___RecallMode.ValueType
+    """First request only: as RecallRequest.mode."""
+    final: _builtins.bool
+    """This is the utterance's final transcript: answer it."""
+    final_deadline_ms: _builtins.int
+    """First request only: each final's answer is due this long after it arrives (the stream's
+    own deadline still bounds everything). 0: MEMSVC_RECALL_DEFAULT_DEADLINE_MS.
+    """
+    @_builtins.property
+    def scope(self) -> Global___Scope:
+        """First request only: whose memory (as RecallRequest.scope)."""
+
+    @_builtins.property
+    def types(self) -> _containers.RepeatedScalarFieldContainer[Global___ItemType.ValueType]:
+        """First request only: as RecallRequest.types."""
+
+    @_builtins.property
+    def as_of(self) -> _timestamp_pb2.Timestamp:
+        """First request only: as RecallRequest.as_of."""
+
+    @_builtins.property
+    def filters(self) -> Global___RecallFilters:
+        """First request only: as RecallRequest.filters."""
+
+    def __init__(
+        self,
+        *,
+        scope: Global___Scope | None = ...,
+        query: _builtins.str = ...,
+        top_k: _builtins.int = ...,
+        types: _abc.Iterable[Global___ItemType.ValueType] | None = ...,
+        mode: Global___RecallMode.ValueType = ...,
+        as_of: _timestamp_pb2.Timestamp | None = ...,
+        filters: Global___RecallFilters | None = ...,
+        final: _builtins.bool = ...,
+        final_deadline_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["as_of", b"as_of", "filters", b"filters", "scope", b"scope"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["as_of", b"as_of", "filters", b"filters", "final", b"final", "final_deadline_ms", b"final_deadline_ms", "mode", b"mode", "query", b"query", "scope", b"scope", "top_k", b"top_k", "types", b"types"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecallStreamRequest: _TypeAlias = RecallStreamRequest  # noqa: Y015
+
+@_typing.final
 class RecallFilters(_message.Message):
     """Recall narrowing: every set filter must match (within a filter, any value may); each runs
     in SQL on both legs, inside the deadline. Filters that only facts carry (categories, roles,
@@ -1826,7 +1895,13 @@ class IngestRequest(_message.Message):
     end_of_session: _builtins.bool
     """Marks the session finished: its episode is (re)built."""
     idempotency_key: _builtins.str
-    """Required. A repeated key returns the first ingest_id with duplicate=true."""
+    """Required (1..200 printable chars). Unique per user (scope.user_id), on one node and on
+    Citus alike: another user's key never matters. The same key with the same request (same
+    scope, session_id, messages, goals and end_of_session: a retry) returns the first
+    ingest_id with duplicate=true and writes nothing; the same key with a different request
+    is ALREADY_EXISTS (naming the key, not its value) and writes nothing. Use a new key for
+    every new turn.
+    """
     counterpart_persona_id: _builtins.str
     """When the other side was a virtual persona: every extracted row is stamped with it."""
     @_builtins.property
@@ -2583,7 +2658,9 @@ class ListSessionsRequest(_message.Message):
     page_size: _builtins.int
     """Default 50 (0), at most 500."""
     page_token: _builtins.str
-    """Empty for the first page, else next_page_token of the previous response."""
+    """Empty for the first page, else next_page_token of the previous response, with the same
+    scope (and session_id for episodes); a token of another listing is INVALID_ARGUMENT.
+    """
     @_builtins.property
     def scope(self) -> Global___Scope:
         """Required: the exact scope."""
@@ -2694,7 +2771,9 @@ class ListEpisodesRequest(_message.Message):
     page_size: _builtins.int
     """Default 50 (0), at most 500."""
     page_token: _builtins.str
-    """Empty for the first page, else next_page_token of the previous response."""
+    """Empty for the first page, else next_page_token of the previous response, with the same
+    scope (and session_id for episodes); a token of another listing is INVALID_ARGUMENT.
+    """
     session_id: _builtins.str
     """Optional: only this session's episode."""
     @_builtins.property
@@ -3046,7 +3125,7 @@ class WatchMemoriesRequest(_message.Message):
     after_position: _builtins.int
     """Resume after this position (MemoryChange.position of the last change handled); 0 means
     the oldest retained change (MEMSVC_CHANGES_RETENTION_S, 7 days by default). Unset: from
-    now on.
+    now on. Beyond the user's current position: OUT_OF_RANGE.
     """
     @_builtins.property
     def scope(self) -> Global___Scope:
@@ -3084,7 +3163,10 @@ class MemoryChange(_message.Message):
     SUPERSEDED_BY_ID_FIELD_NUMBER: _builtins.int
     BLOCK_FIELD_NUMBER: _builtins.int
     position: _builtins.int
-    """Increasing within a user; resume with after_position = this."""
+    """Increasing within a user, per user: greatest(the user's last position + 1, the commit
+    time in microseconds since the epoch), so it says nothing of other users' writes.
+    Resume with after_position = this.
+    """
     kind: Global___ChangeKind.ValueType
     """What happened."""
     memory_id: _builtins.str

@@ -5,7 +5,7 @@ import warnings
 
 from memsvc.v1 import memory_pb2 as memsvc_dot_v1_dot_memory__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.85.4'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -48,6 +48,11 @@ class MemoryServiceStub:
         self.Recall = channel.unary_unary(
                 '/memsvc.v1.MemoryService/Recall',
                 request_serializer=memsvc_dot_v1_dot_memory__pb2.RecallRequest.SerializeToString,
+                response_deserializer=memsvc_dot_v1_dot_memory__pb2.RecallResponse.FromString,
+                _registered_method=True)
+        self.RecallStream = channel.stream_stream(
+                '/memsvc.v1.MemoryService/RecallStream',
+                request_serializer=memsvc_dot_v1_dot_memory__pb2.RecallStreamRequest.SerializeToString,
                 response_deserializer=memsvc_dot_v1_dot_memory__pb2.RecallResponse.FromString,
                 _registered_method=True)
         self.Ingest = channel.unary_unary(
@@ -180,12 +185,31 @@ class MemoryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RecallStream(self, request_iterator, context):
+        """Recall while the user speaks (voice gateways): send each interim transcript as a request
+        with its text in `query` (the first request also carries `scope` and the other Recall
+        fields), then the final transcript with `final: true`; each final is answered with one
+        RecallResponse, equal to a Recall of that text, within `final_deadline_ms` of its arrival.
+        Meanwhile the server works ahead on the interims (embedding, both legs) and cancels work a
+        newer interim made useless, so the final is usually answered from work already done. After
+        a final the next request starts the next utterance (same scope and fields). Interims beyond
+        MEMSVC_RECALL_STREAM_INTERIMS_PER_S (bursts of one second's worth) are not worked ahead
+        (counted; the final is still answered). Errors: as Recall's (INVALID_ARGUMENT naming the
+        field, and only the
+        first request may set anything but `query` and `final`), UNAUTHENTICATED,
+        RESOURCE_EXHAUSTED, UNAVAILABLE.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Ingest(self, request, context):
         """After each turn: store the turn's new messages and queue extraction (two
         database writes, no model call), then return. Safe to retry with the same
         `idempotency_key`: the repeat answers the first `ingest_id` with `duplicate: true` and
-        writes nothing. Default deadline when the call sets none: 5 s. Errors: INVALID_ARGUMENT
-        (naming the field), UNAUTHENTICATED, RESOURCE_EXHAUSTED, UNAVAILABLE.
+        writes nothing (keys are per user; a key reused for a different request is
+        ALREADY_EXISTS). Default deadline when the call sets none: 5 s. Errors: INVALID_ARGUMENT
+        (naming the field), ALREADY_EXISTS, UNAUTHENTICATED, RESOURCE_EXHAUSTED, UNAVAILABLE.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -359,7 +383,8 @@ class MemoryServiceServicer:
         resumable position; heartbeats carry the current position while nothing changes. The
         stream runs until the caller cancels it or its deadline ends. Errors: INVALID_ARGUMENT,
         OUT_OF_RANGE (after_position older than the retained changes: re-read with ListMemories
-        and watch from now), UNAUTHENTICATED, RESOURCE_EXHAUSTED (too many watchers).
+        and watch from now; or beyond the user's current position), UNAUTHENTICATED,
+        RESOURCE_EXHAUSTED (too many watchers).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -376,6 +401,11 @@ def add_MemoryServiceServicer_to_server(servicer, server):
             'Recall': grpc.unary_unary_rpc_method_handler(
                     servicer.Recall,
                     request_deserializer=memsvc_dot_v1_dot_memory__pb2.RecallRequest.FromString,
+                    response_serializer=memsvc_dot_v1_dot_memory__pb2.RecallResponse.SerializeToString,
+            ),
+            'RecallStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.RecallStream,
+                    request_deserializer=memsvc_dot_v1_dot_memory__pb2.RecallStreamRequest.FromString,
                     response_serializer=memsvc_dot_v1_dot_memory__pb2.RecallResponse.SerializeToString,
             ),
             'Ingest': grpc.unary_unary_rpc_method_handler(
@@ -533,6 +563,33 @@ class MemoryService:
             target,
             '/memsvc.v1.MemoryService/Recall',
             memsvc_dot_v1_dot_memory__pb2.RecallRequest.SerializeToString,
+            memsvc_dot_v1_dot_memory__pb2.RecallResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RecallStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/memsvc.v1.MemoryService/RecallStream',
+            memsvc_dot_v1_dot_memory__pb2.RecallStreamRequest.SerializeToString,
             memsvc_dot_v1_dot_memory__pb2.RecallResponse.FromString,
             options,
             channel_credentials,

@@ -67,12 +67,27 @@ class MemoryServiceStub:
     Safe to retry (read-only). Errors: INVALID_ARGUMENT, UNAUTHENTICATED,
     RESOURCE_EXHAUSTED (with `retry-after-ms`), UNAVAILABLE.
     """
+    RecallStream: _grpc.StreamStreamMultiCallable[_memory_pb2.RecallStreamRequest, _memory_pb2.RecallResponse]
+    """Recall while the user speaks (voice gateways): send each interim transcript as a request
+    with its text in `query` (the first request also carries `scope` and the other Recall
+    fields), then the final transcript with `final: true`; each final is answered with one
+    RecallResponse, equal to a Recall of that text, within `final_deadline_ms` of its arrival.
+    Meanwhile the server works ahead on the interims (embedding, both legs) and cancels work a
+    newer interim made useless, so the final is usually answered from work already done. After
+    a final the next request starts the next utterance (same scope and fields). Interims beyond
+    MEMSVC_RECALL_STREAM_INTERIMS_PER_S (bursts of one second's worth) are not worked ahead
+    (counted; the final is still answered). Errors: as Recall's (INVALID_ARGUMENT naming the
+    field, and only the
+    first request may set anything but `query` and `final`), UNAUTHENTICATED,
+    RESOURCE_EXHAUSTED, UNAVAILABLE.
+    """
     Ingest: _grpc.UnaryUnaryMultiCallable[_memory_pb2.IngestRequest, _memory_pb2.IngestResponse]
     """After each turn: store the turn's new messages and queue extraction (two
     database writes, no model call), then return. Safe to retry with the same
     `idempotency_key`: the repeat answers the first `ingest_id` with `duplicate: true` and
-    writes nothing. Default deadline when the call sets none: 5 s. Errors: INVALID_ARGUMENT
-    (naming the field), UNAUTHENTICATED, RESOURCE_EXHAUSTED, UNAVAILABLE.
+    writes nothing (keys are per user; a key reused for a different request is
+    ALREADY_EXISTS). Default deadline when the call sets none: 5 s. Errors: INVALID_ARGUMENT
+    (naming the field), ALREADY_EXISTS, UNAUTHENTICATED, RESOURCE_EXHAUSTED, UNAVAILABLE.
     """
     GetIngestStatus: _grpc.UnaryUnaryMultiCallable[_memory_pb2.GetIngestStatusRequest, _memory_pb2.IngestStatus]
     """Progress of one Ingest: pending, processing, done or dead, with what
@@ -172,7 +187,8 @@ class MemoryServiceStub:
     resumable position; heartbeats carry the current position while nothing changes. The
     stream runs until the caller cancels it or its deadline ends. Errors: INVALID_ARGUMENT,
     OUT_OF_RANGE (after_position older than the retained changes: re-read with ListMemories
-    and watch from now), UNAUTHENTICATED, RESOURCE_EXHAUSTED (too many watchers).
+    and watch from now; or beyond the user's current position), UNAUTHENTICATED,
+    RESOURCE_EXHAUSTED (too many watchers).
     """
 
 @_typing.type_check_only
@@ -202,12 +218,27 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     Safe to retry (read-only). Errors: INVALID_ARGUMENT, UNAUTHENTICATED,
     RESOURCE_EXHAUSTED (with `retry-after-ms`), UNAVAILABLE.
     """
+    RecallStream: _aio.StreamStreamMultiCallable[_memory_pb2.RecallStreamRequest, _memory_pb2.RecallResponse]  # type: ignore[assignment]
+    """Recall while the user speaks (voice gateways): send each interim transcript as a request
+    with its text in `query` (the first request also carries `scope` and the other Recall
+    fields), then the final transcript with `final: true`; each final is answered with one
+    RecallResponse, equal to a Recall of that text, within `final_deadline_ms` of its arrival.
+    Meanwhile the server works ahead on the interims (embedding, both legs) and cancels work a
+    newer interim made useless, so the final is usually answered from work already done. After
+    a final the next request starts the next utterance (same scope and fields). Interims beyond
+    MEMSVC_RECALL_STREAM_INTERIMS_PER_S (bursts of one second's worth) are not worked ahead
+    (counted; the final is still answered). Errors: as Recall's (INVALID_ARGUMENT naming the
+    field, and only the
+    first request may set anything but `query` and `final`), UNAUTHENTICATED,
+    RESOURCE_EXHAUSTED, UNAVAILABLE.
+    """
     Ingest: _aio.UnaryUnaryMultiCallable[_memory_pb2.IngestRequest, _memory_pb2.IngestResponse]  # type: ignore[assignment]
     """After each turn: store the turn's new messages and queue extraction (two
     database writes, no model call), then return. Safe to retry with the same
     `idempotency_key`: the repeat answers the first `ingest_id` with `duplicate: true` and
-    writes nothing. Default deadline when the call sets none: 5 s. Errors: INVALID_ARGUMENT
-    (naming the field), UNAUTHENTICATED, RESOURCE_EXHAUSTED, UNAVAILABLE.
+    writes nothing (keys are per user; a key reused for a different request is
+    ALREADY_EXISTS). Default deadline when the call sets none: 5 s. Errors: INVALID_ARGUMENT
+    (naming the field), ALREADY_EXISTS, UNAUTHENTICATED, RESOURCE_EXHAUSTED, UNAVAILABLE.
     """
     GetIngestStatus: _aio.UnaryUnaryMultiCallable[_memory_pb2.GetIngestStatusRequest, _memory_pb2.IngestStatus]  # type: ignore[assignment]
     """Progress of one Ingest: pending, processing, done or dead, with what
@@ -307,7 +338,8 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     resumable position; heartbeats carry the current position while nothing changes. The
     stream runs until the caller cancels it or its deadline ends. Errors: INVALID_ARGUMENT,
     OUT_OF_RANGE (after_position older than the retained changes: re-read with ListMemories
-    and watch from now), UNAUTHENTICATED, RESOURCE_EXHAUSTED (too many watchers).
+    and watch from now; or beyond the user's current position), UNAUTHENTICATED,
+    RESOURCE_EXHAUSTED (too many watchers).
     """
 
 class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -348,6 +380,26 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         """
 
     @_abc_1.abstractmethod
+    def RecallStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_memory_pb2.RecallStreamRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_memory_pb2.RecallResponse], _abc.AsyncIterator[_memory_pb2.RecallResponse]]:
+        """Recall while the user speaks (voice gateways): send each interim transcript as a request
+        with its text in `query` (the first request also carries `scope` and the other Recall
+        fields), then the final transcript with `final: true`; each final is answered with one
+        RecallResponse, equal to a Recall of that text, within `final_deadline_ms` of its arrival.
+        Meanwhile the server works ahead on the interims (embedding, both legs) and cancels work a
+        newer interim made useless, so the final is usually answered from work already done. After
+        a final the next request starts the next utterance (same scope and fields). Interims beyond
+        MEMSVC_RECALL_STREAM_INTERIMS_PER_S (bursts of one second's worth) are not worked ahead
+        (counted; the final is still answered). Errors: as Recall's (INVALID_ARGUMENT naming the
+        field, and only the
+        first request may set anything but `query` and `final`), UNAUTHENTICATED,
+        RESOURCE_EXHAUSTED, UNAVAILABLE.
+        """
+
+    @_abc_1.abstractmethod
     def Ingest(
         self,
         request: _memory_pb2.IngestRequest,
@@ -356,8 +408,9 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         """After each turn: store the turn's new messages and queue extraction (two
         database writes, no model call), then return. Safe to retry with the same
         `idempotency_key`: the repeat answers the first `ingest_id` with `duplicate: true` and
-        writes nothing. Default deadline when the call sets none: 5 s. Errors: INVALID_ARGUMENT
-        (naming the field), UNAUTHENTICATED, RESOURCE_EXHAUSTED, UNAVAILABLE.
+        writes nothing (keys are per user; a key reused for a different request is
+        ALREADY_EXISTS). Default deadline when the call sets none: 5 s. Errors: INVALID_ARGUMENT
+        (naming the field), ALREADY_EXISTS, UNAUTHENTICATED, RESOURCE_EXHAUSTED, UNAVAILABLE.
         """
 
     @_abc_1.abstractmethod
@@ -565,7 +618,8 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         resumable position; heartbeats carry the current position while nothing changes. The
         stream runs until the caller cancels it or its deadline ends. Errors: INVALID_ARGUMENT,
         OUT_OF_RANGE (after_position older than the retained changes: re-read with ListMemories
-        and watch from now), UNAUTHENTICATED, RESOURCE_EXHAUSTED (too many watchers).
+        and watch from now; or beyond the user's current position), UNAUTHENTICATED,
+        RESOURCE_EXHAUSTED (too many watchers).
         """
 
 def add_MemoryServiceServicer_to_server(servicer: MemoryServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
