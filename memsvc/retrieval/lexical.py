@@ -183,11 +183,13 @@ def idf_cte(source: Source, name: str, time_sql: str) -> str:
     return (
         f"{docs} AS MATERIALIZED (SELECT search_tsv FROM {source.table}"
         f" WHERE {source.scope_sql} AND {time_sql} LIMIT $7),"
-        f" {name} AS MATERIALIZED (SELECT quote_literal(l)::tsquery AS lq,"
+        # Each lexeme's tsquery is made once, not once per row it is tested on.
+        f" {name} AS MATERIALIZED (SELECT t.lq,"
         f" ln(1 + ((SELECT count(*) FROM {docs}) - count(d.search_tsv) + 0.5)"
         f" / (count(d.search_tsv) + 0.5)) AS idf"
-        f" FROM q CROSS JOIN unnest(q.lexemes) AS l"
-        f" LEFT JOIN {docs} AS d ON d.search_tsv @@ quote_literal(l)::tsquery GROUP BY l)"
+        f" FROM (SELECT DISTINCT quote_literal(l)::tsquery AS lq"
+        f" FROM q CROSS JOIN unnest(q.lexemes) AS l) AS t"
+        f" LEFT JOIN {docs} AS d ON d.search_tsv @@ t.lq GROUP BY t.lq)"
     )
 
 
