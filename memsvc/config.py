@@ -330,9 +330,14 @@ class Settings:
         "query routing: a temporal query favours items from the dates it names and, asking "
         '"when", items that say when (off: the route is reported, neutral)',
     )
-    # Measured on the development sets, the lexical leg alone (R@10, scratch A/B over the
-    # same context index): LoCoMo with names 76.3 -> 77.5, without 68.6 -> ~76; RealMem
-    # session R@10 50.6 -> see docs/read-path.md.
+    # The lexical leg alone on the development sets, the same rows and context index either
+    # way (a scratch A/B calling the leg's SQL, 2026-12-07, this 2-core machine under load):
+    # LoCoMo R@10 without names 68.6 -> 76.6, with names 76.3 -> 77.5; RealMem session R@10
+    # (no names) 50.6 -> 54.9. Its cost: LoCoMo leg p50 30.7 -> 56.6 ms on that machine.
+    # A full BM25F over the same weighted index (tf saturation, length normalisation) scored
+    # 76.0 / 76.4 / 56.1 but needs the positions unnested per row in SQL (10x slower);
+    # pg_textsearch's `<@>` scored LoCoMo with names 75.2-77.3 at 7x the per-row cost, with
+    # table-wide statistics.
     lexical_idf: bool = setting(
         True,
         "lexical leg: weigh each query word by its inverse document frequency among the "
