@@ -128,8 +128,14 @@ def lexical_sql(
         rank = source.rank()
         if idf:
             ctes.append(idf_cte(source, f"{kind.value}_idf", time_sql))
-            term_rank = rank.replace("q.tsq", "i.lq")
-            rank = f"(SELECT coalesce(sum(i.idf * {term_rank}), 0) FROM {kind.value}_idf AS i)"
+            # The row's tsvector is read once (`|| ''`: a detoasted copy), then ranked for
+            # each lexeme: a long message's context is stored compressed, and each ts_rank
+            # call on the column itself would decompress it again.
+            term_rank = rank.replace(tsv, "x.t").replace("q.tsq", "i.lq")
+            rank = (
+                f"(SELECT coalesce(sum(i.idf * {term_rank}), 0)"
+                f" FROM (SELECT {tsv} || ''::tsvector AS t OFFSET 0) AS x, {kind.value}_idf AS i)"
+            )
         score = f"CASE WHEN {tsv} @@ q.tsq THEN {rank} ELSE 0 END"
         coverage = (
             "(SELECT count(*) FROM unnest(q.lexemes) AS l"
