@@ -333,7 +333,8 @@ class Settings:
     # The lexical leg alone on the development sets, the same rows and context index either
     # way (a scratch A/B calling the leg's SQL, 2026-12-07, this 2-core machine under load):
     # LoCoMo R@10 without names 68.6 -> 76.6, with names 76.3 -> 77.5; RealMem session R@10
-    # (no names) 50.6 -> 54.9. Its cost: LoCoMo leg p50 30.7 -> 56.6 ms on that machine.
+    # (no names) 50.6 -> 54.9. Its cost, the leg alone: LoCoMo p50 9.6 -> 16.4 ms, p99 17.4
+    # -> 30.8 ms; RealMem (long assistant turns, 1,400 messages a user) p50 51 -> 130 ms.
     # A full BM25F over the same weighted index (tf saturation, length normalisation) scored
     # 76.0 / 76.4 / 56.1 but needs the positions unnested per row in SQL (10x slower);
     # pg_textsearch's `<@>` scored LoCoMo with names 75.2-77.3 at 7x the per-row cost, with
