@@ -362,6 +362,23 @@ class Settings:
         "query routing: a temporal query favours items from the dates it names and, asking "
         '"when", items that say when (off: the route is reported, neutral)',
     )
+    # The lexical leg alone on the development sets, the same rows and context index either
+    # way (a scratch A/B calling the leg's SQL, 2026-12-07, this 2-core machine under load):
+    # LoCoMo R@10 without names 68.6 -> 76.6, with names 76.3 -> 77.5; RealMem session R@10
+    # (no names) 50.6 -> 54.9. Its cost, the leg alone: LoCoMo p50 9.6 -> 16.4 ms, p99 17.4
+    # -> 30.8 ms; RealMem (long assistant turns, 1,400 messages a user) p50 51 -> 130 ms.
+    # A full BM25F over the same weighted index (tf saturation, length normalisation) scored
+    # 76.0 / 76.4 / 56.1 but needs the positions unnested per row in SQL (10x slower);
+    # pg_textsearch's `<@>` scored LoCoMo with names 75.2-77.3 at 7x the per-row cost, with
+    # table-wide statistics. Off by default until it is as fast: on RealMem-sized scopes the
+    # leg's p99 (511 ms) passes a voice turn's 200 ms budget, and issue 30 holds Recall's
+    # p50/p99 to today's.
+    lexical_idf: bool = setting(
+        False,
+        "lexical leg: weigh each query word by its inverse document frequency among the "
+        "scope's own rows (BM25's IDF; better ranking, 1.7-2.6x the leg's time); off: one "
+        "ts_rank for the whole query",
+    )
     dense_exact_max_rows: int = setting(
         2_000,
         "a user with at most this many rows in a table gets exact nearest neighbours; above, "

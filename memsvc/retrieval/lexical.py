@@ -24,6 +24,7 @@ from memsvc.retrieval.query import NO_FILTERS, Hit, ItemKind, RecallFilters
 from memsvc.retrieval.sources import (
     SOURCES,
     TIE_BREAK_SQL,
+    Source,
     count_cte,
     filter_args,
     ranged,
@@ -79,6 +80,7 @@ def lexical_sql(
     with_cjk: bool,
     shape: tuple[bool, ...] = NO_FILTERS.shape,
     with_embedding: bool = False,
+    idf: bool = False,
 ) -> str:
     """$1..$4 scope, $5 query text, $6 limit, $7 exact_max_rows, [$8 as_of], [the embedding
     model id], [the set filters' values, sources.filter_args], [then the ILIKE patterns]; all
@@ -102,6 +104,10 @@ def lexical_sql(
     indexed text contains, as matched (a message: with its neighbours; relevance without an
     embedding), and with ``with_embedding`` its stored
     embedding when made by that model (relevance of a lexical-only hit in hybrid mode).
+
+    ``idf``: a row's score is the sum over the query's lexemes of the lexeme's inverse
+    document frequency in the scope times the row's rank for that lexeme alone (idf_cte),
+    instead of one rank for the whole query, which weighs "the" and "knee" alike.
     """
     slot = 8 + with_as_of
     model = f"${slot}"
@@ -119,7 +125,18 @@ def lexical_sql(
         filters = source.filter_sql(shape, first_filter)
         count = f"{kind.value}_rows"
         ctes.append(count_cte(source, count, "$7"))
-        score = f"CASE WHEN {tsv} @@ q.tsq THEN {source.rank()} ELSE 0 END"
+        rank = source.rank()
+        if idf:
+            ctes.append(idf_cte(source, f"{kind.value}_idf", time_sql))
+            # The row's tsvector is read once (`|| ''`: a detoasted copy), then ranked for
+            # each lexeme: a long message's context is stored compressed, and each ts_rank
+            # call on the column itself would decompress it again.
+            term_rank = rank.replace(tsv, "x.t").replace("q.tsq", "i.lq")
+            rank = (
+                f"(SELECT coalesce(sum(i.idf * {term_rank}), 0)"
+                f" FROM (SELECT {tsv} || ''::tsvector AS t OFFSET 0) AS x, {kind.value}_idf AS i)"
+            )
+        score = f"CASE WHEN {tsv} @@ q.tsq THEN {rank} ELSE 0 END"
         coverage = (
             "(SELECT count(*) FROM unnest(q.lexemes) AS l"
             f" WHERE {tsv} @@ quote_literal(l)::tsquery)::real"
@@ -159,6 +176,29 @@ def lexical_sql(
     )
 
 
+def idf_cte(source: Source, name: str, time_sql: str) -> str:
+    """``name(lq, idf)``: each query lexeme (as a tsquery) with its BM25 inverse document
+    frequency, ln(1 + (N - df + 0.5) / (df + 0.5)), among the scope's rows of the source.
+
+    The statistics are the scope's own, never the table's: another tenant's or user's words
+    do not move this user's ranking (and the LoCoMo protocol has one index per
+    conversation). A document is the item's own text (``search_tsv``; a message without its
+    neighbours). They are counted on at most ``$7`` (exact_max_rows) rows: all of a small
+    scope's, a sample of a large one's, so the cost stays bounded whatever the user's size."""
+    docs = f"{name}_docs"
+    return (
+        f"{docs} AS MATERIALIZED (SELECT search_tsv FROM {source.table}"
+        f" WHERE {source.scope_sql} AND {time_sql} LIMIT $7),"
+        # Each lexeme's tsquery is made once, not once per row it is tested on.
+        f" {name} AS MATERIALIZED (SELECT t.lq,"
+        f" ln(1 + ((SELECT count(*) FROM {docs}) - count(d.search_tsv) + 0.5)"
+        f" / (count(d.search_tsv) + 0.5)) AS idf"
+        f" FROM (SELECT DISTINCT quote_literal(l)::tsquery AS lq"
+        f" FROM q CROSS JOIN unnest(q.lexemes) AS l) AS t"
+        f" LEFT JOIN {docs} AS d ON d.search_tsv @@ t.lq GROUP BY t.lq)"
+    )
+
+
 def filter_args_shape(shape: tuple[bool, ...]) -> list[bool]:
     """One entry per parameter the set filters take."""
     return [present for present in shape if present]
@@ -176,10 +216,12 @@ async def lexical_hits(
     budget: Budget,
     filters: RecallFilters = NO_FILTERS,
     embedding_model: str | None = None,
+    idf: bool = True,
 ) -> list[Hit]:
     """The ``limit`` best text matches over all kinds, best first (score higher is better).
 
-    ``embedding_model``: also fetch each hit's embedding made by that model (None: not)."""
+    ``embedding_model``: also fetch each hit's embedding made by that model (None: not).
+    ``idf``: weigh each query word by its rarity in the scope (lexical_sql)."""
     args: list[object] = [
         *scope.key,
         text,
@@ -201,6 +243,7 @@ async def lexical_hits(
             with_cjk=bool(patterns),
             shape=filters.shape,
             with_embedding=embedding_model is not None,
+            idf=idf,
         ),
         *args,
         timeout=statement_timeout(budget),

@@ -90,6 +90,8 @@ class RecallConfig:
     answer_headroom: float = 0.25
     # Query routing: the route's effects on the ordering (off: reported, but neutral).
     routing: bool = True
+    # The lexical leg weighs query words by their rarity in the scope (lexical.idf_cte).
+    lexical_idf: bool = False
     trust_policy: trust.TrustPolicy = field(default_factory=trust.TrustPolicy)
 
     @classmethod
@@ -110,6 +112,7 @@ class RecallConfig:
             embed_admit_share=settings.recall_embed_admit_share,
             answer_headroom=settings.recall_answer_headroom,
             routing=settings.routing,
+            lexical_idf=settings.lexical_idf,
             trust_policy=trust.policy_from(settings.confidence_half_life_days),
         )
 
@@ -270,6 +273,7 @@ class RecallService:
                 filters=query.filters,
                 # Hybrid: the hits' embeddings, so a lexical-only hit gets a cosine relevance.
                 embedding_model=self._embedder.model_id if with_vectors else None,
+                idf=self._config.lexical_idf,
             )
 
     def record_references(self, query: RecallQuery, result: RecallResult) -> None:
