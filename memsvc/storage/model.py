@@ -184,3 +184,5 @@ class ExistingFact:
     similarity: float
     # When the stored fact became true: a statement said before it never replaces it.
     valid_from: datetime | None = None
+    # Its category ("event" facts are never ended by a change: what happened stays true).
+    category: str = ""
