@@ -296,8 +296,16 @@ def subject_of(sent: Span, root: Token, mentions: Mentions | None = None) -> str
     return f"{owner}'s {relation}" + (f" {name.text}" if name is not None else "")
 
 
+def contrastive(neg: Token) -> bool:
+    """The "not" of "X, not Y" ("I'm a nurse now, not a teacher"): it denies Y, not the
+    clause."""
+    return neg.i > neg.head.i and neg.i > 0 and neg.doc[neg.i - 1].text in (",", ";", "-")
+
+
 def is_negated(head: Token) -> bool:
     for c in head.children:
+        if c.dep_ == "neg" and contrastive(c):
+            continue
         if c.dep_ == "neg" or _lower(c) in ("never", "nobody", "noone", "none"):
             return True
         if (c.dep_ == "nsubj" and _lower(c) in ("no", "nothing")) or _lower(c) == "no-one":

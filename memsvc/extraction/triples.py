@@ -15,7 +15,7 @@ from lemminflect import getInflection
 from spacy.tokens import Span, Token
 
 from memsvc.extraction.predicates import DIETS, JOBS, NOT_NAMES, PETS, RELATIVES, REQUEST_VERBS
-from memsvc.extraction.sentences import Statement, lemma
+from memsvc.extraction.sentences import Statement, contrastive, lemma
 
 _NOT_NAME_ENTS = frozenset({"NORP", "DATE", "TIME", "GPE", "LOC", "CARDINAL", "ORDINAL"})
 _STATUSES = frozenset({"married", "divorced", "single", "engaged", "widowed", "separated"})
@@ -386,9 +386,14 @@ def _being(s: Statement) -> list[Triple]:
     complements = _children(verb, "attr", "acomp", "dobj", "oprd")
     if stopped:
         complements = _children(verb, "attr", "acomp", "dobj", "oprd") or _children(root, "dobj")
+    denied_from = min(
+        (c.i for c in verb.children if c.dep_ == "neg" and contrastive(c)), default=None
+    )
     for comp in complements:
         if any(c.dep_ == "neg" for c in comp.children) and comp.i > verb.i + 1:
             continue  # "pescatarian, not vegetarian": the corrected-away value
+        if denied_from is not None and comp.i > denied_from:
+            continue  # "a nurse now, not a teacher"
         word = lemma(comp) if comp.pos_ == "NOUN" else _lower(comp)
         compound = "-".join(
             [_lower(c) for c in comp.children if c.dep_ in ("compound", "amod", "npadvmod")]
