@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
+from memsvc.storage.model import NEGATION_PREFIX
+
 # Predicates a person has one current value of: a new value supersedes the old one, but only
 # when a current, affirmative statement about the same subject says so (guardrails.py).
 SINGLE_VALUED = frozenset(
     {"name", "lives_in", "works_at", "occupation", "diet", "birthday", "origin", "age"}
     | {"relationship_status"}
 )
-# A negated statement is stored under the negated predicate ("I don't work at Google" ->
-# user | not_works_at | Google): a reader of subject/predicate/object never sees a positive
-# triple for it.
-NEGATION_PREFIX = "not_"
 
 
 def negation_of(predicate: str) -> str:
