@@ -45,14 +45,26 @@ def _lower(t: Token) -> str:
     return t.lower_.replace("\u2019", "'")
 
 
+# "I'm not kidding", "no joke, …": an insistence, not a retraction.
+_INSISTS = re.compile(r"(?:\bnot|n't|\bno)\s+(?:(?:only|just)\s+)?$", re.IGNORECASE)
+
+
+def _retraction(text: str) -> re.Match[str] | None:
+    for match in _RETRACTION.finditer(text):
+        if not _INSISTS.search(text[: match.start()]):
+            return match
+    return None
+
+
 def retracts(text: str) -> bool:
-    """ "Just kidding", "jk", "I'm only joking": what was said with it is taken back."""
-    return _RETRACTION.search(text) is not None
+    """ "Just kidding", "jk", "I'm only joking": what was said with it is taken back (not
+    "I'm not kidding")."""
+    return _retraction(text) is not None
 
 
 def retracts_previous(text: str) -> bool:
     """A turn that opens by taking back what came before ("jk", "Just kidding, …")."""
-    match = _RETRACTION.search(text)
+    match = _retraction(text)
     return match is not None and not re.search(r"\w", text[: match.start()])
 
 
