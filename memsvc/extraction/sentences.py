@@ -296,10 +296,23 @@ def subject_of(sent: Span, root: Token, mentions: Mentions | None = None) -> str
     return f"{owner}'s {relation}" + (f" {name.text}" if name is not None else "")
 
 
+_VALUES = frozenset({"attr", "acomp", "dobj", "npadvmod", "appos", "oprd", "prep", "pobj"})
+
+
 def contrastive(neg: Token) -> bool:
-    """The "not" of "X, not Y" ("I'm a nurse now, not a teacher"): it denies Y, not the
-    clause."""
-    return neg.i > neg.head.i and neg.i > 0 and neg.doc[neg.i - 1].text in (",", ";", "-")
+    """The "not" of "X, not Y" ("I'm a nurse now, not a teacher", "I'm 34 not 43"): it
+    denies Y, not the clause."""
+    head = neg.head
+    if neg.i <= head.i:
+        return False
+    if neg.i > 0 and neg.doc[neg.i - 1].text in (",", ";", "-"):
+        return True
+    if neg.i + 1 >= len(neg.doc):
+        return False
+    after = neg.doc[neg.i + 1]
+    value = after if after.head.i == head.i else after.head  # "not a teacher": its det
+    earlier = any(c.dep_ in _VALUES and c.i < neg.i for c in head.children)
+    return earlier and value.head.i == head.i and value.dep_ in _VALUES
 
 
 def is_negated(head: Token) -> bool:
