@@ -366,6 +366,15 @@ STATE_CHANGES = (
         end=(r"34 years",),
     ),
     Case(
+        "change-said-meant-restated",
+        "I said Denver before but I meant Dallas, that's where I live.",
+        at(2024, 10, 10),
+        prior=(lives("Denver"),),
+        expect=((user_says(r"lives in Dallas"),),),
+        forbid=(r"said Denver",),
+        end=(r"lives in Denver",),
+    ),
+    Case(
         "multi-spanish-too",
         "I speak Spanish too.",
         at(2024, 10, 10),

@@ -168,6 +168,14 @@ def endings(s: Statement) -> tuple[Ends, ...]:
                         reason=f"now {_lower(comp)}",
                     )
                 )
+    # "I said Boston earlier but I meant Austin": the value said before is taken back.
+    if lem == "mean" and not s.negated and who == "user":
+        meant = next(iter(_has(root, "dobj", "attr")), None)
+        said = restated(s)
+        if meant is not None and said is not None:
+            found.append(
+                Ends("user", (said.text,), reason=f"restated: {said.text} -> {meant.text}")
+            )
     # "I switched from Spotify to Apple Music".
     if lem in ("switch", "move", "change") and not s.negated:
         source = next(
@@ -176,6 +184,39 @@ def endings(s: Statement) -> tuple[Ends, ...]:
         if source is not None and source.pos_ in ("NOUN", "PROPN"):
             found.append(Ends(who, _term(source), reason=f"switched from: {source.text}"))
     return tuple(found)
+
+
+def restated(s: Statement) -> Token | None:
+    """The value a "meant" clause takes back: "I said <Boston> earlier but I meant Austin"."""
+    # spaCy may cut "I said Boston earlier" off as a sentence of its own.
+    start = s.sent[0].nbor(-1).sent.start if s.sent.start > 0 else s.sent.start
+    for verb in s.sent.doc[start : s.sent.end]:
+        if lemma(verb) != "say" or verb.i == s.root.i:
+            continue
+        if not any(_lower(c) == "i" for c in _has(verb, "nsubj")):
+            continue
+        value = _said_value(verb)
+        if value is not None:
+            return value
+    return None
+
+
+def _said_value(say: Token) -> Token | None:
+    """What "I said" named: "I said Denver before" (spaCy may make it any dependent)."""
+    return next((c for c in say.children if c.pos_ in ("PROPN", "NUM") and c.dep_ != "nsubj"), None)
+
+
+def taken_back(s: Statement) -> bool:
+    """Whether the clause is the "I said Boston earlier" that a "but I meant Austin" of its
+    sentence takes back."""
+    if lemma(s.root) != "say" or _said_value(s.root) is None:
+        return False
+    doc = s.sent.doc
+    end = doc[s.sent.end].sent.end if s.sent.end < len(doc) else s.sent.end
+    return any(
+        lemma(t) == "mean" and any(_lower(c) == "i" for c in _has(t, "nsubj"))
+        for t in doc[s.sent.start : end]
+    )
 
 
 def _partner(root: Token) -> Token | None:

@@ -9,6 +9,7 @@ talk and injection attempts yield nothing (sentences.py).
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -25,7 +26,7 @@ from memsvc.extraction.base import (
     ExtractionInput,
     Turn,
 )
-from memsvc.extraction.changes import endings
+from memsvc.extraction.changes import endings, taken_back
 from memsvc.extraction.coref import Mentions
 from memsvc.extraction.endings import names
 from memsvc.extraction.episodes import summarize
@@ -130,6 +131,8 @@ def _facts_of_clause(
     primary = triples[0] if triples else None
     if split and not clause.subject:
         return []  # "… it was a misdiagnosis", "when the results are in": about no one named
+    if taken_back(clause):
+        return []  # "I said Boston earlier" beside "but I meant Austin"
     if (
         split
         and primary is None
@@ -150,6 +153,8 @@ def _facts_of_clause(
             out.append(_fact(content, None, clause, turn, ends))
             ends = ()
         content = primary.canonical
+    elif primary is not None and split and _FRAGMENT.match(content):
+        content = primary.canonical  # "that's where I live" -> not "Where the user lives"
     elif (
         primary is not None
         and clause.subject not in ("user", "")
@@ -169,6 +174,9 @@ def _names_ended(ends: Ends, triple: Triple) -> bool:
         return False
     return any(names(triple.object, term) for term in ends.terms)
 
+
+# A clause that reads as a fragment on its own ("Where the user lives").
+_FRAGMENT = re.compile(r"(?:where|when|which|that|because|since)\b", re.IGNORECASE)
 
 # Predicates whose fact is their canonical sentence, never the sentence said ("My mom's
 # birthday is on March 3rd" would otherwise read as a date of next year).

@@ -65,6 +65,19 @@ def _children(token: Token, *deps: str) -> list[Token]:
     return [c for c in token.children if c.dep_ in deps]
 
 
+def _place_pointed_at(verb: Token) -> Token | None:
+    """ "… I meant Austin, that's where I live": the place "that" points back to, the last
+    one named before it in the sentence."""
+    where = any(_lower(c) == "where" for c in verb.children)
+    head = verb.head
+    pointer = next((c for c in head.children if c.dep_ == "nsubj"), None)
+    if not where or lemma(head) != "be" or pointer is None or _lower(pointer) != "that":
+        return None
+    # The last proper noun before "that" (spaCy often tags a city as a person: "Austin").
+    named = [t for t in verb.sent if t.pos_ == "PROPN" and t.i < pointer.i]
+    return named[-1] if named else None
+
+
 def _pobj(token: Token, *preps: str) -> Token | None:
     for prep in _children(token, "prep"):
         if _lower(prep) in preps:
@@ -247,7 +260,7 @@ def _place_and_work(s: Statement) -> list[Triple]:
     who = s.subject
     of = subject_phrase(who)
     if vlemma == "live":
-        place = _pobj(verb, "in")
+        place = _pobj(verb, "in") or _place_pointed_at(verb)
         if place is not None:
             x = _entity_or_phrase(place)
             triples.append(_tensed(s, of, x, "lives_in", "lived_in", "live in", past=past))
