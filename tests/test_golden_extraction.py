@@ -354,14 +354,27 @@ def _report(outcomes: list[Outcome]) -> str:
     return "\n".join(lines)
 
 
-# The cases run in groups, each a test of its own, to stay within the per-test timeout on a
-# loaded machine.
-_PROFILE = list(PROFILE_THEMES)
-GROUPS: dict[str, set[str]] = {
-    "profile": set(_PROFILE[: len(_PROFILE) // 2]),
-    "profile-more": set(_PROFILE[len(_PROFILE) // 2 :]),
-    "truth": set(TRUTH_THEMES),
-}
+# The cases run in groups of at most GROUP_CASES (whole themes), each a test of its own, to
+# stay within the per-test timeout on a loaded machine.
+GROUP_CASES = 60
+
+
+def _groups() -> dict[str, set[str]]:
+    groups: dict[str, set[str]] = {}
+    for prefix, themes in (("profile", PROFILE_THEMES), ("truth", TRUTH_THEMES)):
+        chunks: list[set[str]] = [set()]
+        size = 0
+        for theme, cases in themes.items():
+            if chunks[-1] and size + len(cases) > GROUP_CASES:
+                chunks.append(set())
+                size = 0
+            chunks[-1].add(theme)
+            size += len(cases)
+        groups |= {f"{prefix}-{n}": chunk for n, chunk in enumerate(chunks, 1)}
+    return groups
+
+
+GROUPS = _groups()
 
 
 @pytest.mark.parametrize("group", list(GROUPS))
