@@ -110,12 +110,28 @@ def facts_of_statement(
     triple ("… for a job at Siemens" -> "The user works at Siemens.")."""
     parts = clauses(statement, turn.sent_at, mentions)
     seen: list[Triple] = []
+    if len(parts) > 1 and any(_about_something(p) for p in parts):
+        # A clause about no one named ("Volunteering made me feel great", "… it was a
+        # misdiagnosis") does not stand alone: the sentence stays one fact, with the triples
+        # of its clauses.
+        for part in parts:
+            seen.extend(t for t in triples_of(part) if t not in seen)
+        return _facts_of_clause(statement, seen, turn, split=False)
     out: list[CandidateFact] = []
     for clause in parts:
         triples = [t for t in triples_of(clause) if t not in seen]
         seen.extend(triples)
         out.extend(_facts_of_clause(clause, triples, turn, split=len(parts) > 1))
     return out
+
+
+def _about_something(clause: Statement) -> bool:
+    """A clause about a thing or an activity ("Volunteering made me feel great"), not about
+    someone named nor a pointer back ("it was a misdiagnosis", "that's where I live")."""
+    if clause.subject:
+        return False
+    subj = next((c for c in clause.root.children if c.dep_ in ("nsubj", "nsubjpass")), None)
+    return subj is None or subj.lower_ not in ("it", "that", "this", "there", "which", "what")
 
 
 def _facts_of_clause(
