@@ -321,6 +321,45 @@ def facts_per_session(conversations: list[Conversation], stored: Stored) -> dict
     }
 
 
+# Predicates of which a person has one current value (memsvc.extraction.predicates).
+SINGLE_VALUED = frozenset(
+    {"name", "lives_in", "works_at", "occupation", "diet", "birthday", "origin", "age"}
+    | {"relationship_status"}
+)
+
+
+def contradictions(stored: Stored) -> dict[str, Any]:
+    """Contradictory current facts per speaker: two current values of one single-valued
+    predicate of one subject (each extra value counts once), or a fact and its negation
+    (the same subject and object under "p" and "not_p", or a negated fact whose content
+    says it no longer holds next to the positive one) both current."""
+    per_speaker: dict[str, int] = {}
+    for user, facts in stored.facts.items():
+        values: dict[tuple[str, str], set[str]] = defaultdict(set)
+        triples: set[tuple[str, str, str]] = set()
+        for m in facts:
+            if not m.predicate:
+                continue
+            subject, obj = m.subject.casefold(), m.object.strip().casefold()
+            triples.add((subject, m.predicate, obj))
+            if m.predicate in SINGLE_VALUED:
+                values[subject, m.predicate].add(obj)
+        count = sum(len(v) - 1 for v in values.values() if len(v) > 1)
+        count += sum(
+            1
+            for subject, predicate, obj in triples
+            if predicate.startswith("not_") and (subject, predicate[4:], obj) in triples
+        )
+        per_speaker[user] = count
+    counts = list(per_speaker.values())
+    return {
+        "total": sum(counts),
+        "speakers": len(counts),
+        "speakers_with_any": sum(1 for c in counts if c),
+        "per_speaker_mean": round(statistics.fmean(counts), 3) if counts else 0.0,
+    }
+
+
 def coverage(conversations: list[Conversation], stored: Stored) -> dict[str, Any]:
     covered = total = attainable = covered_attainable = 0
     per_conv: dict[str, dict[str, int]] = {}
@@ -595,6 +634,8 @@ async def run(
         await stored.read(stub, md, conversations)
         figures["facts_per_session"] = facts_per_session(conversations, stored)
         figures["coverage"] = coverage(conversations, stored)
+        figures["contradictions"] = contradictions(stored)
+        print(f"contradictory current facts: {figures['contradictions']}", flush=True)
         started = time.time()
         figures |= await recall_questions(stub, md, conversations, stored, args.deadline_ms / 1000)
         print(f"questions asked in {time.time() - started:.1f}s", flush=True)
@@ -677,6 +718,11 @@ def markdown(result: dict[str, Any]) -> str:
         f"Coverage of gold observations: **{cov['coverage_pct']}%** "
         f"({cov['covered']}/{cov['observations']}; of the {cov['attainable']} attainable: "
         f"{cov['coverage_of_attainable_pct']}%). Episodes stored: {fps['episodes_total']}.",
+        "",
+        f"Contradictory current facts: {f['contradictions']['total']} over "
+        f"{f['contradictions']['speakers']} speakers "
+        f"({f['contradictions']['speakers_with_any']} with any; "
+        f"{f['contradictions']['per_speaker_mean']} per speaker).",
         "",
         "| % | " + " | ".join(cats) + " |",
         "|---|" + "---|" * len(cats),

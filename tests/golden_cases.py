@@ -12,7 +12,9 @@ talk (contractions, lowercase, "gonna", a few typos), with:
 - `keep`: regexes naming priors that must still be current (every prior not matched by `end`
   must stay current anyway: one that does not is a CORRUPTION);
 - `end`: regexes naming priors that must no longer be current (superseded / invalidated);
-- `no_facts`: the turn must not produce any new memory at all.
+- `no_facts`: the turn must not produce any new memory at all;
+- `forbid_triple`, `negated`, `ended_on`, `valid_on`: the triple, polarity and valid time of
+  what is current afterwards (tests/golden_truth.py uses them).
 
 Independently of the cases, every new current fact must be readable with no context: it names
 its subject (`NAMES_SUBJECT`: "the user", "the user's wife ..."), is in the third person (no
@@ -43,6 +45,17 @@ class Case:
     keep: tuple[str, ...] = ()
     end: tuple[str, ...] = ()
     no_facts: bool = False
+    # Regexes over "subject|predicate|object" that no current fact's triple may match (a
+    # negation stored with a positive triple, a third party's value filed under the user).
+    forbid_triple: tuple[str, ...] = ()
+    # Regexes each matching a current fact that must be stored as a negation (`negated`, its
+    # predicate "not_…").
+    negated: tuple[str, ...] = ()
+    # The day, month or year ("2024-05") the ended priors stopped holding: their invalid_at.
+    ended_on: str = ""
+    # (regex, day, month or year): a current new fact matching the regex became true then
+    # (its valid_from), the time the utterance states.
+    valid_on: tuple[tuple[str, str], ...] = ()
 
     @property
     def utterances(self) -> tuple[str, ...]:

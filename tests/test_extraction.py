@@ -30,9 +30,10 @@ async def test_three_person_session_with_a_bot_attributes_each_fact(
     assert done.outcome.added == 4
     assert done.outcome.messages_indexed == 6
     assert done.outcome.dropped_by_gates >= 1  # "can you hear me?"
-    # The organizer receives only her own facts; each participant only theirs.
+    # The organizer receives only her own facts; each participant only theirs. One fact per
+    # clause: the compound sentence is split.
     assert await contents(caller, "alice") == [
-        "The user is a vegetarian and their daughter is named Maya.",
+        "The user is a vegetarian.",
         "The user's daughter is named Maya.",
     ]
     assert await contents(caller, "bob") == ["The user lives in Singapore now."]

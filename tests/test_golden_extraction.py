@@ -1,4 +1,5 @@
-"""The golden suite of fact extraction (tests/golden_cases.py) through the real pipeline.
+"""The golden suite of fact extraction (tests/golden_cases.py, tests/golden_truth.py) through
+the real pipeline.
 
 Every case gets its own user in one fresh tenant: its prior facts are stored with Remember, its
 utterances ingested as USER messages sent at the case's `sent_at`; then the workers drain once
@@ -6,8 +7,9 @@ for all cases and each case is judged on what ListMemories returns. A case is ri
 expected keyword group matches a current fact, nothing forbidden is current, every prior it does
 not end is still current, every prior it ends is not, a `no_facts` case stored nothing new, and
 every new current fact names its subject, is in the third person and keeps no relative date
-without a year. A prior that should have stayed current but did not is a corruption: there must
-be none, and at least 95% of the cases must be right.
+without a year; the truth cases also check triples, polarity (`negated`) and valid times
+(valid_from, and the invalid_at of what a change ended). A prior that should have stayed current
+but did not is a corruption: there must be none, and at least 95% of the cases must be right.
 
 To iterate on a few cases: MEMSVC_GOLDEN_CASES=id1,id2 pytest tests/test_golden_extraction.py -s
 (the report of every failing case is printed on failure, and always with -s; set
@@ -25,21 +27,27 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
+import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from memsvc.v1 import memory_pb2 as pb
 from tests.conftest import Caller
 from tests.golden_cases import (
     ABSOLUTE_YEAR,
-    CASES,
     FIRST_PERSON,
     NAMES_SUBJECT,
     RELATIVE_TIME,
-    THEME_OF,
-    THEMES,
     Case,
 )
+from tests.golden_cases import THEMES as PROFILE_THEMES
+from tests.golden_truth import THEMES as TRUTH_THEMES
 from tests.ingest_helpers import USER, ingest
+
+# Everyday profile statements, then memory that stays true (issue 29): state changes,
+# polarity, third parties and coreference, what is not asserted, stated times, compounds.
+THEMES: dict[str, tuple[Case, ...]] = {**PROFILE_THEMES, **TRUTH_THEMES}
+CASES: tuple[Case, ...] = tuple(case for cases in THEMES.values() for case in cases)
+THEME_OF: dict[str, str] = {case.id: theme for theme, cases in THEMES.items() for case in cases}
 
 MIN_CASES = 150
 MIN_RIGHT_SHARE = 0.95
@@ -90,6 +98,7 @@ def test_the_suite_has_enough_cases_with_unique_ids() -> None:
     assert not duplicates, f"duplicate case ids: {duplicates}"
     assert all(re.fullmatch(r"[a-z0-9][a-z0-9-]{0,80}", i) for i in ids)
     assert set(THEME_OF) == set(ids) and all(THEMES.values())
+    assert not set(PROFILE_THEMES) & set(TRUTH_THEMES)
 
 
 def test_every_case_is_well_formed_and_satisfiable() -> None:
@@ -97,7 +106,8 @@ def test_every_case_is_well_formed_and_satisfiable() -> None:
     for case in CASES:
         where = f"{case.id}:"
         patterns = [rx for group in case.expect for rx in group]
-        patterns += [*case.forbid, *case.keep, *case.end]
+        patterns += [*case.forbid, *case.keep, *case.end, *case.forbid_triple, *case.negated]
+        patterns += [rx for rx, _ in case.valid_on]
         for rx in patterns:
             try:
                 re.compile(rx, re.IGNORECASE)
@@ -113,6 +123,11 @@ def test_every_case_is_well_formed_and_satisfiable() -> None:
             problems.append(f"{where} no_facts with expected facts")
         if not (case.expect or case.no_facts or case.end):
             problems.append(f"{where} checks nothing")
+        if case.ended_on and not case.end:
+            problems.append(f"{where} ended_on without a prior that ends")
+        for when in (case.ended_on, *(w for _, w in case.valid_on)):
+            if when and not re.fullmatch(r"\d{4}(?:-\d\d){0,2}", when):
+                problems.append(f"{where} {when!r} is no year, month or day")
         if any(not group for group in case.expect):
             problems.append(f"{where} empty expect group")
         priors = [content for content, _, _ in case.prior]
@@ -127,6 +142,9 @@ def test_every_case_is_well_formed_and_satisfiable() -> None:
                 problems.append(f"{where} prior {content!r} both kept and ended")
             if not ends and any(_search(rx, content) for rx in case.forbid):
                 problems.append(f"{where} a forbid regex matches the kept prior {content!r}")
+            triple = f"user|{predicate}|{obj}"
+            if not ends and any(_search(rx, triple) for rx in case.forbid_triple):
+                problems.append(f"{where} a forbid_triple regex matches the kept prior {triple!r}")
             if not (content and predicate and obj):
                 problems.append(f"{where} prior {content!r} without a full triple")
     assert not problems, "\n".join(problems)
@@ -240,6 +258,7 @@ def _judge(outcome: Outcome) -> None:
             outcome.corruptions.append(f"CORRUPTION: prior {content!r} no longer current: {how}")
     if case.no_facts and new:
         problems.append(f"no fact expected, stored {[m.content for m in new]}")
+    _judge_truth(outcome, current, new)
     for m in new:
         if m.memory_id not in outcome.current_ids:
             continue
@@ -255,6 +274,44 @@ def _when(stamp: Timestamp) -> str:
     return stamp.ToDatetime(tzinfo=UTC).strftime("%Y-%m-%d")
 
 
+def _triple(m: pb.Memory) -> str:
+    return f"{m.subject}|{m.predicate}|{m.object}" if m.predicate else ""
+
+
+def _judge_truth(outcome: Outcome, current: list[pb.Memory], new: list[pb.Memory]) -> None:
+    """Triples, polarity and valid time of what is current (and when the ended priors ended)."""
+    case, problems = outcome.case, outcome.problems
+    for rx in case.forbid_triple:
+        problems += [
+            f"forbidden triple {rx!r} matches {_triple(m)!r} ({m.content!r})"
+            for m in current
+            if m.predicate and _search(rx, _triple(m))
+        ]
+    for rx in case.negated:
+        matching = [m for m in current if _search(rx, m.content)]
+        if not matching:
+            problems.append(f"missing: no current fact matches the negation {rx!r}")
+        for m in matching:
+            if not m.negated or not m.predicate.startswith("not_"):
+                problems.append(f"not stored as a negation: {m.content!r} {_triple(m)!r}")
+    if case.ended_on:
+        for memory_id, content in outcome.prior_ids.items():
+            old = next((m for m in outcome.stored if m.memory_id == memory_id), None)
+            if old is None or not any(_search(rx, content) for rx in case.end):
+                continue
+            ended = _when(old.invalid_at) if old.HasField("invalid_at") else "never"
+            if not ended.startswith(case.ended_on):
+                problems.append(f"prior {content!r} ended {ended}, want {case.ended_on}")
+    for rx, when in case.valid_on:
+        found = [
+            _when(m.valid_from)
+            for m in new
+            if m.memory_id in outcome.current_ids and _search(rx, m.content)
+        ]
+        if not any(day.startswith(when) for day in found):
+            problems.append(f"no current fact matching {rx!r} valid from {when} (got {found})")
+
+
 def _describe(outcome: Outcome) -> str:
     case = outcome.case
     lines = [
@@ -268,7 +325,7 @@ def _describe(outcome: Outcome) -> str:
     for m in outcome.stored:
         tag = "current" if m.memory_id in outcome.current_ids else "ended"
         origin = "prior" if m.memory_id in outcome.prior_ids else m.origin or "?"
-        triple = f"{m.subject}|{m.predicate}|{m.object}" if m.predicate else "-"
+        triple = (_triple(m) or "-") + (" (negated)" if m.negated else "")
         ended = f" invalid_at={_when(m.invalid_at)}" if m.HasField("invalid_at") else ""
         valid = f" valid_from={_when(m.valid_from)}" if m.HasField("valid_from") else ""
         lines.append(f"    stored [{tag}, {origin}] {m.content!r} triple={triple}{valid}{ended}")
@@ -297,11 +354,45 @@ def _report(outcomes: list[Outcome]) -> str:
     return "\n".join(lines)
 
 
+# The cases run in groups of at most GROUP_CASES (whole themes), each a test of its own, to
+# stay within the per-test timeout on a loaded machine.
+GROUP_CASES = 60
+
+
+def _groups() -> dict[str, set[str]]:
+    groups: dict[str, set[str]] = {}
+    for prefix, themes in (("profile", PROFILE_THEMES), ("truth", TRUTH_THEMES)):
+        chunks: list[set[str]] = [set()]
+        size = 0
+        for theme, cases in themes.items():
+            if chunks[-1] and size + len(cases) > GROUP_CASES:
+                chunks.append(set())
+                size = 0
+            chunks[-1].add(theme)
+            size += len(cases)
+        groups |= {f"{prefix}-{n}": chunk for n, chunk in enumerate(chunks, 1)}
+    return groups
+
+
+GROUPS = _groups()
+
+
+@pytest.mark.parametrize("group", list(GROUPS))
 async def test_golden_extraction(
-    new_caller: Callable[[], Awaitable[Caller]], drain: Callable[[], Awaitable[int]]
+    new_caller: Callable[[], Awaitable[Caller]], drain: Callable[[], Awaitable[int]], group: str
 ) -> None:
+    await _run_golden(new_caller, drain, GROUPS[group])
+
+
+async def _run_golden(
+    new_caller: Callable[[], Awaitable[Caller]],
+    drain: Callable[[], Awaitable[int]],
+    themes: set[str],
+) -> None:
+    cases = [c for c in _selected_cases() if THEME_OF[c.id] in themes]
+    if not cases:
+        pytest.skip("MEMSVC_GOLDEN_CASES selects none of these cases")
     caller = await new_caller()
-    cases = _selected_cases()
     outcomes = await _limited([_seed(caller, case) for case in cases])
     for _ in range(10):
         if await drain() == 0:

@@ -862,3 +862,12 @@ async def test_legs_stop_earlier_on_a_lagging_loop() -> None:
         assert service._legs_budget_s(late) == 0.0  # nothing left: the legs stop at once
     finally:
         lag.stop()
+
+
+def test_a_negated_fact_says_so_in_its_line() -> None:
+    negated = dataclasses.replace(
+        record("The user doesn't eat pork."), subject="user", predicate="not_eats", object="pork"
+    )
+    assert negated.negated
+    assert packet.fact_line(negated).endswith("(preference, negated, recorded Nov 19, 2026)")
+    assert ", negated" not in packet.fact_line(record("The user eats pork."))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 
 import pytest
 
@@ -101,8 +101,16 @@ def test_triples_of_first_person_statements(
 def test_facts_stand_alone_with_absolute_dates(text: str, content: str) -> None:
     facts = extract(text)
     assert facts and facts[0].content == content
-    # Provenance is the time it was said, whatever date the statement names.
-    assert all(f.valid_from == SAID for f in facts)
+    # Valid time is when it happened: the day or year the statement names, else when it
+    # was said (issue 29); never after it was said.
+    for fact in facts:
+        assert fact.valid_from is not None and fact.valid_from <= SAID
+        if "7 May 2023" in fact.content:
+            assert fact.valid_from.date() == date(2023, 5, 7)
+        elif "in 2022" in fact.content:
+            assert fact.valid_from.year == 2022
+        else:
+            assert fact.valid_from == SAID
 
 
 @pytest.mark.parametrize(

@@ -40,6 +40,23 @@ class ExtractionInput:
 
 
 @dataclass(frozen=True)
+class Ends:
+    """A state a statement of change ends among the current facts of `subject` ("I sold my
+    car" ends "The user drives a Toyota"; "Luna passed away" ends the user's cat Luna).
+
+    A stored fact is ended when its object names one of `terms`, or, as free text, its
+    content names one of `terms` and one of `cues` (the verb of the state: "drive", "play").
+    `predicates`, when given, limits it to facts of those predicates. Events are never ended:
+    what happened stays true."""
+
+    subject: str
+    terms: tuple[str, ...]
+    cues: tuple[str, ...] = ()
+    predicates: tuple[str, ...] = ()
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class CandidateFact:
     """A fact an extractor proposes; the pipeline's guardrails decide whether it is stored."""
 
@@ -61,6 +78,11 @@ class CandidateFact:
     # When the statement became true: the message's `sent_at`, or the absolute date the
     # statement names ("yesterday" in a message of 8 May 2023 -> 7 May 2023).
     valid_from: datetime | None = None
+    # When it was said (the message's `sent_at`): "I moved here three years ago", said today,
+    # is news about now even though it became true before a stored fact did.
+    said_at: datetime | None = None
+    # The states this statement ends beyond its own predicate (changes.py).
+    ends: tuple[Ends, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from memsvc.extraction.base import CandidateFact, Decision, DecisionResult, ExistingFact
-from memsvc.extraction.predicates import HISTORICAL_OF, OPPOSITE, SINGLE_VALUED
+from memsvc.extraction.predicates import HISTORICAL_OF, OPPOSITE, SINGLE_VALUED, negation_of
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,12 @@ def passes_floor(candidate: CandidateFact, thresholds: Thresholds) -> bool:
 
 def _same(a: str, b: str) -> bool:
     return a.strip().casefold() == b.strip().casefold()
+
+
+def _same_thing(a: str, b: str) -> bool:
+    """The same value named shorter or longer ("Santa Maria" / "Santa Maria hospital")."""
+    x, y = set(a.casefold().split()), set(b.casefold().split())
+    return bool(x and y) and (x <= y or y <= x)
 
 
 def classify(
@@ -84,14 +90,15 @@ def _classify(
     if exact is not None:
         return Verdict(Decision.NOOP, exact, reason="exact")
     predicate = candidate.predicate
+    negation = negation_of(predicate)
     if candidate.negated:
         for fact in same_predicate:
-            if (
-                fact.predicate == predicate
-                and _same(fact.subject, candidate.subject)
-                and _same(fact.object, candidate.object)
-            ):
+            if not _same(fact.subject, candidate.subject):
+                continue
+            if fact.predicate == predicate and _same_thing(fact.object, candidate.object):
                 return Verdict(Decision.CONFLICT, fact, reason="negates")
+            if fact.predicate == negation and _same(fact.object, candidate.object):
+                return Verdict(Decision.NOOP, fact, reason="same negation")
         return Verdict(Decision.ADD, reason="negation of nothing stored")
     if candidate.planned:
         # A plan never replaces a current value; the same plan said again reinforces it.
@@ -113,6 +120,16 @@ def _classify(
             if fact.predicate == predicate and _same(fact.object, candidate.object):
                 return Verdict(Decision.NOOP, fact, reason="same historical fact")
         return Verdict(Decision.ADD, reason="historical")
+    for fact in same_predicate:
+        # "I eat meat again" ends "The user no longer eats meat".
+        if (
+            predicate
+            and fact.predicate == negation
+            and _same(fact.subject, candidate.subject)
+            and _same(fact.object, candidate.object)
+            and candidate.confidence >= CERTAIN
+        ):
+            return Verdict(Decision.CONFLICT, fact, reason="affirmed again")
     if predicate in SINGLE_VALUED:
         for fact in same_predicate:
             if fact.predicate != predicate or not _same(fact.subject, candidate.subject):
@@ -157,23 +174,23 @@ def may_supersede(candidate: CandidateFact, target: ExistingFact) -> bool:
 
 def _said_before(candidate: CandidateFact, target: ExistingFact) -> bool:
     """An older conversation ingested late: what was said then is not news about now."""
-    return (
-        candidate.valid_from is not None
-        and target.valid_from is not None
-        and candidate.valid_from < target.valid_from
-    )
+    said = candidate.said_at or candidate.valid_from
+    return said is not None and target.valid_from is not None and said < target.valid_from
 
 
 def may_conflict(candidate: CandidateFact, target: ExistingFact) -> bool:
     """Whether a candidate may end a stored fact (a CONFLICT): a statement about the same
     subject and predicate; a negation must name the same value."""
-    if not candidate.predicate or candidate.predicate != target.predicate:
+    if not candidate.predicate or target.predicate not in (
+        candidate.predicate,
+        negation_of(candidate.predicate),
+    ):
         return False
     if not _same(candidate.subject, target.subject) or candidate.planned:
         return False
     if _said_before(candidate, target):
         return False
-    return not candidate.negated or _same(candidate.object, target.object)
+    return not candidate.negated or _same_thing(candidate.object, target.object)
 
 
 def guard_decision(

@@ -2,11 +2,32 @@
 
 from __future__ import annotations
 
+from memsvc.storage.model import NEGATION_PREFIX
+
 # Predicates a person has one current value of: a new value supersedes the old one, but only
 # when a current, affirmative statement about the same subject says so (guardrails.py).
 SINGLE_VALUED = frozenset(
     {"name", "lives_in", "works_at", "occupation", "diet", "birthday", "origin", "age"}
+    | {"relationship_status"}
 )
+
+
+def negation_of(predicate: str) -> str:
+    """The stored predicate of a negated statement ("works_at" -> "not_works_at")."""
+    if not predicate or predicate.startswith(NEGATION_PREFIX):
+        return predicate
+    return NEGATION_PREFIX + predicate
+
+
+def is_negation(predicate: str) -> bool:
+    return predicate.startswith(NEGATION_PREFIX)
+
+
+def affirmative(predicate: str) -> str:
+    """The predicate a negation negates ("not_works_at" -> "works_at")."""
+    return predicate.removeprefix(NEGATION_PREFIX)
+
+
 # Historical predicate -> the current predicate it must not overwrite.
 HISTORICAL_OF = {"lived_in": "lives_in", "worked_at": "works_at", "was": "occupation"}
 # Predicates that reverse each other: a statement of one ends the other of the same object.

@@ -9,19 +9,26 @@ talk and injection attempts yield nothing (sentences.py).
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 
 from spacy.tokens import Doc
 
+from memsvc.extraction.assertions import retracts, retracts_previous
 from memsvc.extraction.base import (
     CandidateFact,
     DecisionResult,
+    Ends,
     ExistingFact,
     Extraction,
     ExtractionInput,
     Turn,
 )
+from memsvc.extraction.changes import endings, taken_back
+from memsvc.extraction.coref import Mentions
+from memsvc.extraction.endings import names
 from memsvc.extraction.episodes import subject_mentions, summarize
 from memsvc.extraction.language import LanguageModel, load_language_model, verify_installed_model
 from memsvc.extraction.parser_process import parse_elsewhere
@@ -31,6 +38,7 @@ from memsvc.extraction.sentences import (
     Statement,
     analyse,
     clauses,
+    informative,
     lemma,
     remember_request,
     render,
@@ -94,34 +102,122 @@ def _confidence(statement: Statement, triple: Triple | None) -> float:
     return base - 0.25 if hedged else base
 
 
-def facts_of_statement(statement: Statement, turn: Turn) -> list[CandidateFact]:
-    """The statement's own sentence as a fact (with its first triple), plus the canonical
-    sentence of every further triple ("… for a job at Siemens" -> "The user works at
-    Siemens.")."""
-    triples: list[Triple] = []
-    for clause in clauses(statement, turn.sent_at):
-        triples.extend(t for t in triples_of(clause) if t not in triples)
-    if statement.imperative:
-        triples = [t for t in triples if t.predicate == "name"]
-        if not triples:
-            return []
-    primary = triples[0] if triples else None
-    content = render(statement, turn.sent_at)
+def facts_of_statement(
+    statement: Statement, turn: Turn, mentions: Mentions | None = None
+) -> list[CandidateFact]:
+    """One fact per clause ("I live in Lisbon and I'm allergic to peanuts" is two): the
+    clause's own words with its first triple, plus the canonical sentence of every further
+    triple ("… for a job at Siemens" -> "The user works at Siemens.")."""
+    parts = clauses(statement, turn.sent_at, mentions)
+    seen: list[Triple] = []
+    if len(parts) > 1 and any(_about_something(p) for p in parts):
+        # A clause about no one named ("Volunteering made me feel great", "… it was a
+        # misdiagnosis") does not stand alone: the sentence stays one fact, with the triples
+        # of its clauses.
+        for part in parts:
+            seen.extend(t for t in triples_of(part) if t not in seen)
+        return _facts_of_clause(statement, seen, turn, split=False)
     out: list[CandidateFact] = []
-    if primary is not None and primary.predicate == "name":
-        # The name in its own words; the sentence as well when it says more ("I'm Jordan
-        # from accounting"), as a fact of its own without a triple.
-        if not statement.imperative and len(content.split()) > len(primary.canonical.split()):
-            out.append(_fact(content, None, statement, turn))
-        content = primary.canonical
-    if len(content.split()) < 3:
-        return out
-    out.append(_fact(content, primary, statement, turn))
-    out.extend(_fact(t.canonical, t, statement, turn) for t in triples[1:])
+    for clause in parts:
+        triples = [t for t in triples_of(clause) if t not in seen]
+        seen.extend(triples)
+        out.extend(_facts_of_clause(clause, triples, turn, split=len(parts) > 1))
     return out
 
 
-def _fact(content: str, triple: Triple | None, statement: Statement, turn: Turn) -> CandidateFact:
+def _about_something(clause: Statement) -> bool:
+    """A clause about a thing or an activity ("Volunteering made me feel great"), not about
+    someone named nor a pointer back ("it was a misdiagnosis", "that's where I live")."""
+    if clause.subject:
+        return False
+    subj = next((c for c in clause.root.children if c.dep_ in ("nsubj", "nsubjpass")), None)
+    return subj is None or subj.lower_ not in ("it", "that", "this", "there", "which", "what")
+
+
+def _facts_of_clause(
+    clause: Statement, triples: list[Triple], turn: Turn, *, split: bool
+) -> list[CandidateFact]:
+    if clause.imperative:
+        triples = [t for t in triples if t.predicate == "name"]
+        if not triples:
+            return []
+    ends = endings(clause)
+    # "My cat Luna passed away": the pet it names is what ends, not a pet said again.
+    triples = [t for t in triples if not any(_names_ended(e, t) for e in ends)]
+    primary = triples[0] if triples else None
+    if split and not clause.subject:
+        return []  # "… it was a misdiagnosis", "when the results are in": about no one named
+    if taken_back(clause):
+        return []  # "I said Boston earlier" beside "but I meant Austin"
+    if (
+        split
+        and primary is None
+        and not ends
+        and not informative(clause.sent, clause.words(), clause.root)
+    ):
+        return []  # "I'm so excited" beside "I just got a dog"
+    content = render(clause, turn.sent_at)
+    out: list[CandidateFact] = []
+    if primary is not None and primary.predicate in _OWN_WORDS:
+        # The name in its own words; the sentence as well when it says more ("I'm Jordan
+        # from accounting"), as a fact of its own without a triple.
+        if (
+            primary.predicate == "name"
+            and not clause.imperative
+            and len(content.split()) > len(primary.canonical.split())
+        ):
+            out.append(_fact(content, None, clause, turn, ends))
+            ends = ()
+        content = primary.canonical
+    elif primary is not None and split and _FRAGMENT.match(content):
+        content = primary.canonical  # "that's where I live" -> not "Where the user lives"
+    elif (
+        primary is not None
+        and clause.subject not in ("user", "")
+        and split
+        and (primary.subject == clause.subject)
+    ):
+        content = primary.canonical  # "… and she lives in Madrid": whose it is, named
+    if len(content.split()) < 3:
+        return out
+    out.append(_fact(content, primary, clause, turn, ends))
+    out.extend(_fact(t.canonical, t, clause, turn) for t in triples[1:])
+    return out
+
+
+def _names_ended(ends: Ends, triple: Triple) -> bool:
+    if not ends.predicates or triple.predicate not in ends.predicates:
+        return False
+    return any(names(triple.object, term) for term in ends.terms)
+
+
+# A clause that reads as a fragment on its own ("Where the user lives").
+_FRAGMENT = re.compile(r"(?:where|when|which|that|because|since)\b", re.IGNORECASE)
+
+# Predicates whose fact is their canonical sentence, never the sentence said ("My mom's
+# birthday is on March 3rd" would otherwise read as a date of next year).
+_OWN_WORDS = frozenset({"name", "birthday", "anniversary"})
+
+
+def _stated_time(statement: Statement, turn: Turn) -> datetime:
+    """When the clause says it happened ("last Friday", "three years ago"), else when it was
+    said. A plan's date is not a valid time."""
+    if statement.planned:
+        return turn.sent_at
+    past = [d.when for _, d in statement.dates if d.when.date() <= turn.sent_at.date()]
+    if not past:
+        return turn.sent_at
+    when = past[0]
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+
+def _fact(
+    content: str,
+    triple: Triple | None,
+    statement: Statement,
+    turn: Turn,
+    ends: tuple[Ends, ...] = (),
+) -> CandidateFact:
     predicate = triple.predicate if triple else ""
     category, role = _kind(statement, predicate)
     return CandidateFact(
@@ -130,14 +226,15 @@ def _fact(content: str, triple: Triple | None, statement: Statement, turn: Turn)
         role=role,
         confidence=_confidence(statement, triple),
         source_message_ids=(turn.message_id,),
-        subject=triple.subject if triple else statement.subject,
+        subject=triple.subject if triple else (statement.subject or "user"),
         predicate=predicate,
         object=triple.object if triple else "",
         historical=triple.historical if triple else statement.historical,
         negated=triple.negated if triple else statement.negated,
         planned=triple.planned if triple else statement.planned,
-        # Provenance is the conversation's time: a date the statement names is in its content.
-        valid_from=turn.sent_at,
+        valid_from=_stated_time(statement, turn),
+        said_at=turn.sent_at,
+        ends=ends,
     )
 
 
@@ -158,14 +255,21 @@ def _note(said: _Said) -> CandidateFact | None:
     )
 
 
-def facts_of_turn(said: _Said, doc: Doc) -> list[CandidateFact]:
+def facts_of_turn(said: _Said, doc: Doc, mentions: Mentions | None = None) -> list[CandidateFact]:
     """At most _SENTENCES_PER_TURN of a turn's sentences as facts (the most salient, in the
-    order said), plus every profile triple of the others."""
-    if INJECTION.search(said.turn.text):
+    order said), plus every profile triple and every change of the others. A sentence's
+    pronouns resolve to the people and pets named before them in the turn; a joke taken back
+    ("just kidding") takes the whole turn with it. `mentions`: those carried from the
+    speaker's turn before; this turn's are added to it."""
+    if INJECTION.search(said.turn.text) or retracts(said.turn.text):
         return []
-    statements = [
-        s for sent in doc.sents if (s := analyse(sent, said.turn.sent_at, explicit=said.explicit))
-    ]
+    mentions = mentions if mentions is not None else Mentions()
+    statements: list[Statement] = []
+    for sent in doc.sents:
+        mentions.observe(sent)
+        found = analyse(sent, said.turn.sent_at, explicit=said.explicit, mentions=mentions)
+        if found is not None:
+            statements.append(found)
     ranked = sorted(range(len(statements)), key=lambda i: (-salience(statements[i]), i))
     # The most salient sentence, and a second one only when it too stands on its own.
     keep = set(ranked[:1]) | {
@@ -173,11 +277,13 @@ def facts_of_turn(said: _Said, doc: Doc) -> list[CandidateFact]:
     }
     facts: list[CandidateFact] = []
     for i, statement in enumerate(statements):
-        found = facts_of_statement(statement, said.turn)
+        found_facts = facts_of_statement(statement, said.turn, mentions)
         if i in keep:
-            facts.extend(found)
+            facts.extend(found_facts)
         else:
-            facts.extend(f for f in found if f.predicate and f.predicate != "plans")
+            facts.extend(
+                f for f in found_facts if (f.predicate and f.predicate != "plans") or f.ends
+            )
     if not facts and said.explicit and (note := _note(said)) is not None:
         facts.append(note)
     return facts
@@ -283,9 +389,18 @@ class RulesExtractor:
         if self._language is None:
             self._language = load_language_model()
         docs = self._language.parse([s.text for s in said])
-        facts = [
-            fact for item, doc in zip(said, docs, strict=True) for fact in facts_of_turn(item, doc)
-        ]
+        facts: list[CandidateFact] = []
+        previous: str | None = None
+        mentions = Mentions()
+        # Coreference and "jk" reach back within the chunk parsed (a job's turns up to
+        # PARSE_CHUNK_CHARS), not across chunks.
+        for item, doc in zip(said, docs, strict=True):
+            if retracts_previous(item.turn.text) and previous is not None:
+                # "I'm a billionaire." / "jk": the joke of the turn before is taken back.
+                facts = [f for f in facts if previous not in f.source_message_ids]
+            previous = item.turn.message_id
+            mentions = mentions.carried()
+            facts.extend(facts_of_turn(item, doc, mentions))
         return Parsed(tuple(facts), tuple(subject_mentions(docs)))
 
     async def extract(self, data: ExtractionInput) -> Extraction:

@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from lemminflect import getInflection, getLemma
 from spacy.tokens import Span, Token
 
+from memsvc.extraction.assertions import hypothetical, reported, sarcastic, stated_reason
+from memsvc.extraction.coref import PRONOUNS, Mentions
 from memsvc.extraction.dates import ResolvedDate, day_text, is_relative, resolve
-from memsvc.extraction.predicates import REQUEST_VERBS
+from memsvc.extraction.predicates import PETS, RELATIVES, REQUEST_VERBS
 from memsvc.governance.placeholders import placeholder_spans
 
 FIRST_SINGULAR = frozenset({"i", "me", "my", "mine", "myself"})
@@ -92,6 +95,17 @@ class Statement:
     # "Call me Liz": an imperative that still says something about the speaker; only its
     # triples are facts, never its own words.
     imperative: bool = False
+    # The clause's own words (token indices) when the sentence holds several statements;
+    # None: the whole sentence.
+    tokens: frozenset[int] | None = None
+    # Pronouns resolved to whom they name (token index -> "user's sister Rita").
+    refs: tuple[tuple[int, str], ...] = ()
+
+    def words(self) -> list[Token]:
+        """The statement's own tokens, in order."""
+        if self.tokens is None:
+            return list(self.sent)
+        return [t for t in self.sent if t.i in self.tokens]
 
 
 # Spoken transcripts drop the subject of a sentence that starts with these ("Gonna continue my
@@ -211,10 +225,17 @@ _MOODS = frozenset(
 )
 
 
-def informative(sent: Span) -> bool:
+def informative(
+    sent: Span,
+    tokens: Sequence[Token] | None = None,
+    root: Token | None = None,
+    *,
+    theirs: bool = False,
+) -> bool:
     """Something that stands: a thing, a name, a place, a number, a deed ("I don't smoke")
-    or a trait ("I'm left-handed"), beyond pronouns, generic nouns and moods."""
-    for t in sent:
+    or a trait ("I'm left-handed"), beyond pronouns, generic nouns and moods. `tokens` and
+    `root`: one clause of the sentence."""
+    for t in sent if tokens is None else tokens:
         proper = t.pos_ in ("PROPN", "NUM") and not t.is_stop and not _vocative(t)
         if proper and _lower(t) not in _MOODS:
             return True
@@ -222,8 +243,8 @@ def informative(sent: Span) -> bool:
             return True
         if t.pos_ == "NOUN" and lemma(t) not in _GENERIC and not t.is_stop:
             return True
-    root = sent.root
-    if not any(_lower(c) in FIRST_SINGULAR | FIRST_PLURAL for c in root.children):
+    root = sent.root if root is None else root
+    if not theirs and not any(_lower(c) in FIRST_SINGULAR | FIRST_PLURAL for c in root.children):
         return False
     if root.pos_ == "VERB" and lemma(root) not in _CHATTER:
         return True
@@ -237,28 +258,68 @@ def informative(sent: Span) -> bool:
     )
 
 
-def subject_of(sent: Span, root: Token) -> str:
-    """Whom the sentence is about: the user, or someone of theirs ("user's wife Ana")."""
+def subject_of(sent: Span, root: Token, mentions: Mentions | None = None) -> str:
+    """Whom the clause is about: "user", someone of theirs ("user's wife Ana", "user's
+    sister's husband"), another person by name ("Rita"), or "" (someone or something else,
+    or a pronoun that names no one the turn mentioned). Only the speaker is ever "user"
+    ("You can call me Dr. Okafor" is about the speaker)."""
+    mentions = mentions or Mentions()
+    if _calls_me(root):
+        return "user"
     subj = next((c for c in root.children if c.dep_ in ("nsubj", "nsubjpass")), None)
-    if subj is None and root.dep_ == "conj":
+    if subj is None and root.dep_ in ("conj", "xcomp"):
         subj = next((c for c in root.head.children if c.dep_ in ("nsubj", "nsubjpass")), None)
     if subj is None:
         return "user"
-    owner = next((c for c in subj.children if c.dep_ == "poss"), None)
-    if owner is not None and _lower(owner) in ("my", "our") and subj.pos_ in ("NOUN", "PROPN"):
-        name = next(
-            (c for c in subj.children if c.dep_ == "appos" and c.pos_ == "PROPN"),
-            None,
-        )
-        relation = lemma(subj) if subj.tag_ == "NNS" else subj.lower_
-        compound = " ".join(c.lower_ for c in subj.children if c.dep_ == "compound")
-        relation = f"{compound} {relation}" if compound else relation
-        return f"user's {relation}" + (f" {name.text}" if name is not None else "")
-    return "user"
+    word = _lower(subj)
+    if word in FIRST_SINGULAR | FIRST_PLURAL:
+        return "user"
+    if any(c.dep_ == "conj" and _lower(c) in FIRST_SINGULAR | FIRST_PLURAL for c in subj.children):
+        return "user"  # "my wife and I"
+    if word in PRONOUNS:
+        found = mentions.resolve(subj)
+        return found.subject if found is not None else ""
+    if subj.pos_ == "PROPN":
+        found = mentions.named(subj.text)
+        return found.subject if found is not None else subj.text
+    if subj.pos_ != "NOUN":
+        return ""
+    owner = mentions.owner(subj)
+    if owner is None:
+        return ""
+    relation = lemma(subj) if subj.tag_ == "NNS" else subj.lower_
+    compound = " ".join(c.lower_ for c in subj.children if c.dep_ == "compound")
+    relation = f"{compound} {relation}" if compound else relation
+    name = next((c for c in subj.children if c.dep_ == "appos" and c.pos_ == "PROPN"), None)
+    if name is None and (relation in RELATIVES or relation in PETS):
+        known = next((r for r in reversed(mentions.seen) if r.at == subj.i and r.name), None)
+        return known.subject if known is not None else f"{owner}'s {relation}"
+    return f"{owner}'s {relation}" + (f" {name.text}" if name is not None else "")
+
+
+_VALUES = frozenset({"attr", "acomp", "dobj", "npadvmod", "appos", "oprd", "prep", "pobj"})
+
+
+def contrastive(neg: Token) -> bool:
+    """The "not" of "X, not Y" ("I'm a nurse now, not a teacher", "I'm 34 not 43"): it
+    denies Y, not the clause."""
+    head = neg.head
+    if neg.i <= head.i:
+        return False
+    if neg.i > 0 and neg.doc[neg.i - 1].text in (",", ";", "-"):
+        return True
+    if neg.i + 1 >= len(neg.doc):
+        return False
+    after = neg.doc[neg.i + 1]
+    value = after if after.head.i == head.i else after.head  # "not a teacher": its det
+    earlier = any(c.dep_ in _VALUES and c.i < neg.i for c in head.children)
+    return earlier and value.head.i == head.i and value.dep_ in _VALUES
 
 
 def is_negated(head: Token) -> bool:
     for c in head.children:
+        if c.dep_ == "neg" and contrastive(c):
+            continue
         if c.dep_ == "neg" or _lower(c) in ("never", "nobody", "noone", "none"):
             return True
         if (c.dep_ == "nsubj" and _lower(c) in ("no", "nothing")) or _lower(c) == "no-one":
@@ -366,18 +427,36 @@ def asks_assistant(root: Token) -> bool:
     return action is not None and lemma(action) in REQUEST_VERBS
 
 
-def analyse(sent: Span, sent_at: datetime, *, explicit: bool = False) -> Statement | None:
-    """The statement a sentence makes about its speaker, or None when it makes none."""
+def analyse(
+    sent: Span, sent_at: datetime, *, explicit: bool = False, mentions: Mentions | None = None
+) -> Statement | None:
+    """The statement a sentence makes about its speaker (or someone of theirs), or None when
+    it asserts none: a question or request (unless it gives a reason about the speaker:
+    "Since I'm vegan, can you …"), a hypothetical or wish, someone else's reported words,
+    sarcasm with an obvious marker. `mentions`: the people and pets the turn named so far
+    (this sentence's included), for its pronouns."""
+    mentions = mentions or Mentions()
     root = sent.root
     calls_me = _calls_me(root)
-    if is_question(sent) or (mentions_addressee(sent) and not calls_me):
+    if sarcastic(sent) or hypothetical(sent) or reported(sent, FIRST_SINGULAR | FIRST_PLURAL):
         return None
     imperative = not explicit and (is_request(sent) or calls_me)
-    if imperative and not calls_me:
-        return None
-    if asks_assistant(root):
-        return None
-    if not first_person(sent) or not (imperative or informative(sent)):
+    if (
+        is_question(sent)
+        or (mentions_addressee(sent) and not calls_me)
+        or (imperative and not calls_me)
+        or asks_assistant(root)
+    ):
+        reason = stated_reason(sent)
+        if reason is None:
+            return None
+        own = frozenset(
+            t.i for t in reason.subtree if not (t.dep_ == "mark" and t.head.i == reason.i)
+        )
+        return _clause(sent, reason, sent_at, explicit, mentions, own)
+    subject = subject_of(sent, root, mentions)
+    theirs = subject.startswith("user's")
+    if not (first_person(sent) or theirs) or not (imperative or informative(sent, theirs=theirs)):
         return None
     dates = date_mentions(sent, sent_at)
     planned = is_planned(root, dates, sent_at)
@@ -386,13 +465,56 @@ def analyse(sent: Span, sent_at: datetime, *, explicit: bool = False) -> Stateme
     return Statement(
         sent=sent,
         root=root,
-        subject=subject_of(sent, root),
+        subject=subject,
         negated=is_negated(root),
         planned=planned,
         historical=is_historical(root),
         dates=dates,
         explicit=explicit,
         imperative=imperative,
+        refs=_refs(sent, mentions),
+    )
+
+
+def _refs(sent: Span, mentions: Mentions) -> tuple[tuple[int, str], ...]:
+    """The sentence's third-person pronouns that name someone of the user's."""
+    found: list[tuple[int, str]] = []
+    for t in sent:
+        if _lower(t) not in PRONOUNS:
+            continue
+        ref = mentions.resolve(t)
+        if ref is not None and ref.subject.startswith("user's"):
+            found.append((t.i, ref.subject))
+    return tuple(found)
+
+
+def _clause(
+    sent: Span,
+    root: Token,
+    sent_at: datetime,
+    explicit: bool,
+    mentions: Mentions,
+    tokens: frozenset[int] | None,
+) -> Statement:
+    dates = tuple(d for d in date_mentions(sent, sent_at) if tokens is None or d[0].start in tokens)
+    planned = is_planned(root, dates, sent_at)
+    if planned and dates:
+        dates = tuple(
+            d
+            for d in date_mentions(sent, sent_at, future=True)
+            if tokens is None or d[0].start in tokens
+        )
+    return Statement(
+        sent=sent,
+        root=root,
+        subject=subject_of(sent, root, mentions),
+        negated=is_negated(root),
+        planned=planned,
+        historical=is_historical(root),
+        dates=dates,
+        explicit=explicit,
+        tokens=tokens,
+        refs=_refs(sent, mentions),
     )
 
 
@@ -422,31 +544,80 @@ def salience(statement: Statement) -> int:
 _CLAUSE_DEPS = frozenset({"ROOT", "conj", "ccomp", "parataxis", "advcl"})
 
 
-def clauses(statement: Statement, sent_at: datetime) -> list[Statement]:
-    """The statement, then each further clause with a subject of its own ("I'm not vegan
-    anymore, I eat eggs now"), each with its own negation and modality."""
-    out = [statement]
-    for token in statement.sent:
-        if token.i == statement.root.i or token.dep_ not in _CLAUSE_DEPS:
+# A clause that is what these verbs think or say is part of their statement, never one of
+# its own ("I think pineapple belongs on pizza").
+_CONTENT_VERBS = frozenset(
+    {"think", "believe", "feel", "guess", "know", "say", "suppose", "hope"}
+    | {"reckon", "realize", "realise", "find", "figure", "swear", "doubt", "wonder", "bet"}
+)
+# Pro-forms that point back into their own sentence ("I don't live in Paris, I just work
+# there"): a clause holding one does not stand alone.
+_POINTERS = frozenset({"there", "that", "this", "it", "those", "these"})
+
+
+def _clause_roots(statement: Statement) -> list[Token]:
+    """Further clauses with a subject of their own ("I'm not vegan anymore, I eat eggs now")."""
+    return [
+        token
+        for token in statement.words()
+        if token.i != statement.root.i
+        and token.dep_ in _CLAUSE_DEPS
+        and token.pos_ in ("VERB", "AUX")
+        and not (token.dep_ == "ccomp" and lemma(token.head) in _CONTENT_VERBS)
+        and (any(c.dep_ in ("nsubj", "nsubjpass") for c in token.children) or _calls_me(token))
+    ]
+
+
+def _points_back(tokens: frozenset[int], statement: Statement) -> bool:
+    """Whether a clause's words hold a pro-form the turn did not resolve."""
+    resolved = {i for i, _ in statement.refs}
+    return any(
+        t.i in tokens
+        and _lower(t) in _POINTERS
+        and t.pos_ in ("PRON", "ADV")
+        # "there is"; a pointing subject ("it was a misdiagnosis") leaves its clause about
+        # no one, and such a clause is no fact of its own anyway.
+        and t.dep_ not in ("expl", "nsubj", "nsubjpass")
+        and t.i not in resolved
+        for t in statement.sent
+    )
+
+
+def _own_tokens(root: Token, allowed: set[int], others: list[Token]) -> frozenset[int]:
+    own = {t.i for t in root.subtree} & allowed
+    for other in others:
+        if other.i != root.i and other.i in own:
+            own -= {t.i for t in other.subtree}
+    # The "and" / "but" / "because" that joined a clause away is no word of this one.
+    for t in root.doc[min(own) : max(own) + 1] if own else ():
+        if t.i in own and t.dep_ in ("cc", "mark", "punct") and t.i + 1 not in own:
+            own.discard(t.i)
+    return frozenset(own)
+
+
+def clauses(
+    statement: Statement, sent_at: datetime, mentions: Mentions | None = None
+) -> list[Statement]:
+    """The statement's clauses, each with its own words, subject, dates, negation and
+    modality: one statement per clause ("I live in Lisbon and I'm allergic to peanuts" is two).
+    A sentence of one clause is the statement itself."""
+    others = _clause_roots(statement)
+    if not others:
+        return [statement]
+    mentions = mentions or Mentions()
+    allowed = {t.i for t in statement.words()}
+    roots = [statement.root, *others]
+    owned = [(root, _own_tokens(root, allowed, roots)) for root in roots]
+    if any(_points_back(own, statement) for _, own in owned):
+        return [statement]
+    out = []
+    for root, own in owned:
+        if not own:
             continue
-        if token.pos_ not in ("VERB", "AUX"):
-            continue
-        if not any(c.dep_ in ("nsubj", "nsubjpass") for c in token.children) and not _calls_me(
-            token
-        ):
-            continue
-        out.append(
-            Statement(
-                sent=statement.sent,
-                root=token,
-                subject=subject_of(statement.sent, token),
-                negated=is_negated(token),
-                planned=is_planned(token, statement.dates, sent_at),
-                historical=is_historical(token),
-                dates=statement.dates,
-                explicit=statement.explicit,
-            )
-        )
+        clause = _clause(statement.sent, root, sent_at, statement.explicit, mentions, own)
+        if root.i == statement.root.i:
+            clause = replace(clause, imperative=statement.imperative)
+        out.append(clause)
     return out
 
 
@@ -502,7 +673,8 @@ def render(statement: Statement, sent_at: datetime) -> str:
     started = False
     named = False  # "the user" said once: later "my" reads "their"
     atomic = _in_placeholders(sent)
-    for token in sent:
+    refs = dict(statement.refs)
+    for token in statement.words():
         if token.i < skip_until:
             continue
         if token.i in atomic:
@@ -524,7 +696,10 @@ def render(statement: Statement, sent_at: datetime) -> str:
             skip_until = end
             continue
         word = _lower(token)
-        if word in ("we", "us"):
+        if token.i in refs:
+            whose = refs[token.i]
+            out = f"the {whose}" + ("'s" if token.dep_ == "poss" or word == "its" else "")
+        elif word in ("we", "us"):
             out = we
             named = True
         elif word in ("my", "our") and named:
@@ -536,6 +711,8 @@ def render(statement: Statement, sent_at: datetime) -> str:
             named = named or word in ("i", "me", "my", "mine")
         elif token.pos_ in ("VERB", "AUX") and _has_i_subject(token) and not _plural_i(token):
             out = _third_person_verb(token)
+        elif word == "'s" and token.pos_ == "AUX" and token.i - 1 in refs:
+            out = "has" if token.lemma_ == "have" else "is"  # "she's a beagle"
         elif (
             word in _EXPANDED
             and token.i > sent.start
@@ -558,7 +735,10 @@ def render(statement: Statement, sent_at: datetime) -> str:
     if not text:
         return ""
     resolved_at = {i for span, _ in statement.dates for i in range(span.start, span.end)}
+    own = {t.i for t in statement.words()}
     for ent in sent.ents:
+        if ent.start not in own:
+            continue
         if ent.label_ == "DATE" and _DURATION.search(ent.text) and ent.start not in resolved_at:
             text += f" (as of {day_text(sent_at)})"
             break

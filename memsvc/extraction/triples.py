@@ -8,13 +8,14 @@ an adjective or a nationality is never a name, and a plan is never a current val
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from lemminflect import getInflection
 from spacy.tokens import Span, Token
 
 from memsvc.extraction.predicates import DIETS, JOBS, NOT_NAMES, PETS, RELATIVES, REQUEST_VERBS
-from memsvc.extraction.sentences import Statement, lemma
+from memsvc.extraction.sentences import Statement, contrastive, lemma
 
 _NOT_NAME_ENTS = frozenset({"NORP", "DATE", "TIME", "GPE", "LOC", "CARDINAL", "ORDINAL"})
 _STATUSES = frozenset({"married", "divorced", "single", "engaged", "widowed", "separated"})
@@ -64,6 +65,19 @@ def _children(token: Token, *deps: str) -> list[Token]:
     return [c for c in token.children if c.dep_ in deps]
 
 
+def _place_pointed_at(verb: Token) -> Token | None:
+    """ "… I meant Austin, that's where I live": the place "that" points back to, the last
+    one named before it in the sentence."""
+    where = any(_lower(c) == "where" for c in verb.children)
+    head = verb.head
+    pointer = next((c for c in head.children if c.dep_ == "nsubj"), None)
+    if not where or lemma(head) != "be" or pointer is None or _lower(pointer) != "that":
+        return None
+    # The last proper noun before "that" (spaCy often tags a city as a person: "Austin").
+    named = [t for t in verb.sent if t.pos_ == "PROPN" and t.i < pointer.i]
+    return named[-1] if named else None
+
+
 def _pobj(token: Token, *preps: str) -> Token | None:
     for prep in _children(token, "prep"):
         if _lower(prep) in preps:
@@ -108,6 +122,11 @@ def _name_text(token: Token) -> str:
 
 def _user_subject(s: Statement) -> bool:
     return s.subject == "user"
+
+
+def subject_phrase(who: str) -> str:
+    """How a fact's sentence names its subject: "The user", "The user's sister Rita", "Rita"."""
+    return f"The {who}" if who.startswith("user") else who
 
 
 def _poss_relatives(sent: Span) -> list[tuple[Token, Token]]:
@@ -234,14 +253,14 @@ def _place_and_work(s: Statement) -> list[Triple]:
     lem = lemma(root)
     triples: list[Triple] = []
     verb = root
-    if s.historical or lem in ("plan", "want", "hope", "intend", "go", "decide"):
+    if s.historical or lem in ("plan", "want", "hope", "intend", "go", "decide", "start", "begin"):
         verb = next(iter(_children(root, "xcomp")), root)
     vlemma = lemma(verb)
     past = verb.tag_ == "VBD" or s.historical
     who = s.subject
-    of = "The user" if who == "user" else f"The {who}"
+    of = subject_phrase(who)
     if vlemma == "live":
-        place = _pobj(verb, "in")
+        place = _pobj(verb, "in") or _place_pointed_at(verb)
         if place is not None:
             x = _entity_or_phrase(place)
             triples.append(_tensed(s, of, x, "lives_in", "lived_in", "live in", past=past))
@@ -253,6 +272,14 @@ def _place_and_work(s: Statement) -> list[Triple]:
                 triples.append(_plan(s, of, f"move to {x}"))
             else:
                 triples.append(Triple(who, "lives_in", x, f"{of} lives in {x}."))
+    elif vlemma in ("switch", "move") and who == "user" and not s.negated:
+        # "I don't work at Santa Maria anymore, I switched to a clinic."
+        place = _pobj(verb, "to")
+        working = any(lemma(t) in ("work", "job", "employer") for t in s.sent)
+        if place is not None and working and not s.planned:
+            x = _entity_or_phrase(place)
+            said = x if place.pos_ == "PROPN" else _a(x)
+            triples.append(Triple(who, "works_at", x, f"The user works at {said}."))
     elif vlemma == "work":
         org = _pobj(verb, "at", "for")
         role = _pobj(verb, "as")
@@ -265,7 +292,7 @@ def _place_and_work(s: Statement) -> list[Triple]:
             text = f"{of} used to work as {_a(x)}." if past else f"{of} works as {_a(x)}."
             triples.append(Triple(who, pred, x, text, historical=hist))
     # "a job at Siemens" with the user's get / start / land / move, or quitting one.
-    for t in s.sent:
+    for t in s.words():
         if lemma(t) != "job" or who != "user":
             continue
         org = _pobj(t, "at", "with", "for") or (
@@ -295,7 +322,7 @@ def _place_and_work(s: Statement) -> list[Triple]:
         ):
             triples.append(Triple(who, "works_at", x, f"The user works at {x}."))
     # "yesterday was my last day at Accenture"
-    for t in s.sent:
+    for t in s.words():
         if lemma(t) == "day" and any(_lower(c) == "last" for c in t.children) and who == "user":
             org = _pobj(t, "at", "with")
             if org is not None and org.pos_ == "PROPN" and not s.planned:
@@ -366,15 +393,20 @@ def _being(s: Statement) -> list[Triple]:
     if lemma(verb) not in ("be", "become", "go", "turn"):
         return []
     who = s.subject
-    of = "The user" if who == "user" else f"The {who}"
+    of = subject_phrase(who)
     negated = s.negated or stopped
     triples: list[Triple] = []
     complements = _children(verb, "attr", "acomp", "dobj", "oprd")
     if stopped:
         complements = _children(verb, "attr", "acomp", "dobj", "oprd") or _children(root, "dobj")
+    denied_from = min(
+        (c.i for c in verb.children if c.dep_ == "neg" and contrastive(c)), default=None
+    )
     for comp in complements:
         if any(c.dep_ == "neg" for c in comp.children) and comp.i > verb.i + 1:
             continue  # "pescatarian, not vegetarian": the corrected-away value
+        if denied_from is not None and comp.i > denied_from:
+            continue  # "a nurse now, not a teacher"
         word = lemma(comp) if comp.pos_ == "NOUN" else _lower(comp)
         compound = "-".join(
             [_lower(c) for c in comp.children if c.dep_ in ("compound", "amod", "npadvmod")]
@@ -383,9 +415,8 @@ def _being(s: Statement) -> list[Triple]:
         diet = word if word in DIETS else compound if compound in DIETS else None
         if diet is not None:
             if negated:
-                triples.append(
-                    Triple(who, "diet", diet, f"{of} is no longer {diet}.", negated=True)
-                )
+                no = "no longer" if stopped or _ended(s) else "not"
+                triples.append(Triple(who, "diet", diet, f"{of} is {no} {diet}.", negated=True))
             elif s.historical or (verb.tag_ == "VBD" and lemma(verb) == "be"):
                 triples.append(
                     Triple(who, "diet", diet, f"{of} used to be {diet}.", historical=True)
@@ -442,7 +473,7 @@ def _grew_up(s: Statement) -> list[Triple]:
         place = _pobj(root, "in")
     if place is None or place.pos_ != "PROPN" or s.negated:
         return []
-    of = "The user" if s.subject == "user" else f"The {s.subject}"
+    of = subject_phrase(s.subject)
     x = _entity_or_phrase(place)
     return [Triple(s.subject, "origin", x, f"{of} is from {x}.")]
 
@@ -458,6 +489,10 @@ def _likes(s: Statement) -> list[Triple]:
     obj = next(iter(_children(root, "dobj", "xcomp", "ccomp")), None)
     if obj is None or obj.pos_ == "PRON" or _lower(obj) in ("it", "that", "this", "them"):
         return []
+    if s.tokens is not None and obj.i not in s.tokens:
+        return []
+    if obj.dep_ == "ccomp" and _children(obj, "nsubj", "nsubjpass"):
+        return []  # "I'm not a vegetarian, I just don't like mushrooms": another clause
     if obj.dep_ == "xcomp" and lemma(obj) in REQUEST_VERBS:
         return []
     text = " ".join(t.text for t in obj.subtree if _lower(t) not in ("my", "our"))
@@ -466,7 +501,7 @@ def _likes(s: Statement) -> list[Triple]:
         return []
     disliked = lem in _DISLIKE or s.negated
     predicate = "dislikes" if disliked else "likes"
-    of = "The user" if s.subject == "user" else f"The {s.subject}"
+    of = subject_phrase(s.subject)
     verb = "dislikes" if disliked else "likes"
     return [Triple(s.subject, predicate, text.lower(), f"{of} {verb} {text}.")]
 
@@ -536,7 +571,7 @@ def _corrected_away(s: Statement, found: list[Triple]) -> list[Triple]:
 
 def _denial(triple: Triple, relation: str, value: str) -> str:
     """The standalone sentence of a corrected-away value."""
-    of = "The user" if triple.subject == "user" else f"The {triple.subject}"
+    of = subject_phrase(triple.subject)
     if relation:
         return f"{of}'s {relation} is not named {value}."
     if triple.predicate == "allergy":
@@ -545,10 +580,80 @@ def _denial(triple: Triple, relation: str, value: str) -> str:
     return f"{of} does not {verb} {value}."
 
 
+def _ended(s: Statement) -> bool:
+    """ "no longer", "not … anymore": a state that held and holds no more."""
+    words = [_lower(t) for t in s.words()]
+    return "anymore" in words or "longer" in words or "more" in words
+
+
+_MONTH = re.compile(
+    r"\b(?:jan|feb|mar|apr|may|jun|jul|aug|sep|sept|oct|nov|dec)[a-z]*\b", re.IGNORECASE
+)
+
+
+def _birthday(s: Statement) -> list[Triple]:
+    """ "My mom's birthday is on March 3rd": a date of someone's, a fact and never a plan."""
+    root = s.root
+    subj = next(iter(_children(root, "nsubj")), None)
+    if subj is None or lemma(root) != "be" or lemma(subj) not in ("birthday", "anniversary"):
+        return []
+    when = next((e for e in s.sent.ents if e.label_ == "DATE" and e.start > root.i), None)
+    if when is None or not _MONTH.search(when.text):
+        return []  # "my birthday is tomorrow", "in 10 days": a dated event, resolved elsewhere
+    whose = s.subject.removesuffix(f"'s {_lower(subj)}")
+    if not whose.startswith("user"):
+        return []
+    text = when.text.removeprefix("on ").strip()
+    day = " ".join(w[:1].upper() + w[1:] if w.isalpha() else w for w in text.split())
+    predicate = "birthday" if lemma(subj) == "birthday" else "anniversary"
+    return [
+        Triple(
+            whose,
+            predicate,
+            day,
+            f"{subject_phrase(whose)}'s {predicate} is on {day}."
+            if whose != "user"
+            else f"The user's {predicate} is on {day}.",
+        )
+    ]
+
+
+def _pronoun_named(s: Statement) -> list[Triple]:
+    """ "I just got a dog! Her name is Daisy": a name given through a pronoun that names
+    the user's relative or pet."""
+    subj = next(iter(_children(s.root, "nsubj")), None)
+    if subj is None or lemma(subj) != "name" or lemma(s.root) != "be" or s.negated:
+        return []
+    poss = next((c for c in subj.children if c.dep_ == "poss"), None)
+    whose = dict(s.refs).get(poss.i) if poss is not None else None
+    if whose is None:
+        return []
+    relation = whose.removeprefix("user's ")
+    if relation not in RELATIVES and relation not in PETS:
+        return []
+    value = next(iter(_children(s.root, "attr")), None)
+    if value is None or not _is_name(value, strict=False):
+        return []
+    who = _name_text(value)
+    return [
+        Triple(
+            "user",
+            "pet" if relation in PETS else "family",
+            f"{relation}:{who}",
+            f"The user's {relation} is named {who}.",
+        )
+    ]
+
+
 def triples_of(s: Statement) -> list[Triple]:
-    """Every triple of a statement, the one its own sentence states first."""
+    """Every triple of a statement, the one its own sentence states first. A clause about
+    no one the turn named (an unresolved "she", "the weather") has none."""
+    if not s.subject:
+        return []
+    if birthday := _birthday(s):
+        return birthday
     found: list[Triple] = []
-    for rule in (_name, _named_relation, _place_and_work, _being, _grew_up, _likes):
+    for rule in (_name, _named_relation, _pronoun_named, _place_and_work, _being, _grew_up, _likes):
         found.extend(rule(s))
     found.extend(_corrected_away(s, found))
     if not any(t.planned for t in found):

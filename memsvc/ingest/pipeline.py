@@ -28,11 +28,13 @@ from memsvc.extraction.base import (
     CandidateEpisode,
     CandidateFact,
     Decision,
+    ExistingFact,
     Extraction,
     ExtractionInput,
     Extractor,
     Turn,
 )
+from memsvc.extraction.endings import ended_by, reason_of
 from memsvc.extraction.gate import is_phatic
 from memsvc.extraction.guardrails import (
     Thresholds,
@@ -42,7 +44,7 @@ from memsvc.extraction.guardrails import (
     passes_floor,
     rules_decision,
 )
-from memsvc.extraction.predicates import HISTORICAL_OF, OPPOSITE
+from memsvc.extraction.predicates import HISTORICAL_OF, OPPOSITE, negation_of
 from memsvc.governance.compaction import CoreCompactor
 from memsvc.governance.guard import PiiGuard
 from memsvc.governance.pii import (
@@ -514,6 +516,7 @@ class ExtractionPipeline:
                     confidence=confidence,
                     source_message_ids=sources,
                     valid_from=fact.valid_from or max(sent_at[s] for s in sources),
+                    said_at=fact.said_at or max(sent_at[s] for s in sources),
                 )
             )
         return screened
@@ -627,7 +630,7 @@ class ExtractionPipeline:
     ) -> uuid.UUID | None:
         """Dedup, decide and write one candidate; returns the memory id it ended up as."""
         digest = content_hash(candidate.content)
-        predicates = [candidate.predicate]
+        predicates = [candidate.predicate, negation_of(candidate.predicate)]
         if candidate.historical and candidate.predicate in HISTORICAL_OF:
             predicates.append(HISTORICAL_OF[candidate.predicate])
         if candidate.predicate in OPPOSITE:
@@ -667,19 +670,32 @@ class ExtractionPipeline:
             role=candidate.role,
             confidence=candidate.confidence,
             subject=candidate.subject,
-            predicate=candidate.predicate,
+            # A negation is stored under its negated predicate: never a positive triple.
+            predicate=(
+                negation_of(candidate.predicate) if candidate.negated else candidate.predicate
+            ),
             object=candidate.object,
             source_message_ids=candidate.source_message_ids,
             session_id=job.session_id,
             valid_from=candidate.valid_from,
             origin="extraction",
         )
-        supersede = (
-            verdict.decision in (Decision.UPDATE, Decision.CONFLICT) and verdict.target is not None
+        target_id = (
+            verdict.target.memory_id
+            if verdict.decision in (Decision.UPDATE, Decision.CONFLICT) and verdict.target
+            else None
         )
+        reason = f"{verdict.decision.value}: {verdict.reason}"
+        # The states a change ends ("I sold my car" ends "drives a Toyota"), besides its target.
+        ended = [f.memory_id for f in await self._ended(conn, scope, candidate)]
+        ended = [i for i in ended if i != target_id]
+        if target_id is None and ended:
+            target_id, reason = ended.pop(0), f"ended: {reason_of(candidate)}"
+        elif ended:
+            reason += f"; ended: {reason_of(candidate)}"
         old = None
-        if supersede and verdict.target is not None:
-            old = await memories.get_owned(conn, scope, verdict.target.memory_id, for_update=True)
+        if target_id is not None:
+            old = await memories.get_owned(conn, scope, target_id, for_update=True)
         if old is not None and old.invalid_at is None:
             new_id = uuid.uuid4()
             await memories.mark_superseded(conn, old, new_id, invalid_at=candidate.valid_from)
@@ -693,13 +709,14 @@ class ExtractionPipeline:
                 memory_id=new_id,
                 lineage_id=old.lineage_id,
                 supersedes_id=old.memory_id,
-                correction_reason=f"{verdict.decision.value}: {verdict.reason}"[:500],
+                correction_reason=reason[:500],
                 ingest_id=job.ingest_id,
             )
             if verdict.decision is Decision.UPDATE:
                 outcome.updated += 1
             else:
                 outcome.conflicts_resolved += 1
+            await self._end_also(conn, scope, ended, record.memory_id, candidate, outcome)
             return record.memory_id
         record, reinforced = await memories.insert_or_reinforce(
             conn,
@@ -715,6 +732,34 @@ class ExtractionPipeline:
         else:
             outcome.added += 1
         return record.memory_id
+
+    async def _ended(
+        self, conn: Connection, scope: Scope, candidate: CandidateFact
+    ) -> list[ExistingFact]:
+        """The current facts a statement of change ends (endings.py)."""
+        if not candidate.ends:
+            return []
+        facts: list[ExistingFact] = []
+        for subject in dict.fromkeys(e.subject for e in candidate.ends):
+            facts += await store.active_of_subject(conn, scope, subject)
+        return ended_by(candidate, facts)
+
+    async def _end_also(
+        self,
+        conn: Connection,
+        scope: Scope,
+        ended: Sequence[uuid.UUID],
+        new_id: uuid.UUID,
+        candidate: CandidateFact,
+        outcome: Outcome,
+    ) -> None:
+        """Further states the change ended: each superseded by the change's fact, as of the
+        time the change happened (kept in history, never deleted)."""
+        for memory_id in ended:
+            old = await memories.get_owned(conn, scope, memory_id, for_update=True)
+            if old is not None and old.invalid_at is None:
+                await memories.mark_superseded(conn, old, new_id, invalid_at=candidate.valid_from)
+                outcome.conflicts_resolved += 1
 
     def _same_episode_vector(self, previous: asyncpg.Record | None, text: str) -> np.ndarray | None:
         """The stored vector of the session's episode when the text it was made of is

@@ -131,11 +131,13 @@ def provenance(record: MemoryRecord) -> str:
 
 
 def fact_line(record: MemoryRecord) -> str:
-    """ "- [very sure] No sugar in coffee (preference, you corrected it on Aug 18, 2025)"."""
+    """ "- [very sure] No sugar in coffee (preference, you corrected it on Aug 18, 2025)";
+    a negated fact says so beside its category ("(profile, negated, …)")."""
     content = _one_line(record.content)
+    polarity = ", negated" if record.negated else ""
     return (
         f"- [{confidence_label(trust_of(record))}] {content}"
-        f" ({record.category}, {provenance(record)})"
+        f" ({record.category}{polarity}, {provenance(record)})"
     )
 
 

@@ -61,7 +61,7 @@ async def run_outcome(
     return value
 
 
-_FACT_COLUMNS = "memory_id, content, subject, predicate, object, valid_from"
+_FACT_COLUMNS = "memory_id, content, subject, predicate, object, valid_from, category"
 
 
 def _existing(row: asyncpg.Record, similarity: float = 1.0) -> ExistingFact:
@@ -73,6 +73,7 @@ def _existing(row: asyncpg.Record, similarity: float = 1.0) -> ExistingFact:
         object=row["object"],
         similarity=similarity,
         valid_from=row["valid_from"],
+        category=row["category"],
     )
 
 
@@ -96,6 +97,20 @@ async def active_with_predicates(
         *scope.key,
         subject,
         list(predicates),
+    )
+    return [_existing(r) for r in rows]
+
+
+async def active_of_subject(
+    conn: Connection, scope: Scope, subject: str, limit: int = 500
+) -> list[ExistingFact]:
+    """The current facts about one subject (newest first): what a change may end."""
+    rows = await conn.fetch(
+        f"SELECT {_FACT_COLUMNS} FROM memories WHERE {_EXACT_SCOPE}"
+        f" AND {CURRENT} AND subject = $5 ORDER BY recorded_at DESC LIMIT $6",
+        *scope.key,
+        subject,
+        limit,
     )
     return [_existing(r) for r in rows]
 

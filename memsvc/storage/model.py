@@ -66,6 +66,12 @@ class NewMemory:
     expires_at: datetime | None = None
 
 
+# A negated statement is stored under the negated predicate ("I don't work at Google" ->
+# user | not_works_at | Google): a reader of subject/predicate/object never sees a positive
+# triple for it.
+NEGATION_PREFIX = "not_"
+
+
 @dataclass(frozen=True)
 class MemoryRecord:
     """One stored memory row (one version of a memory)."""
@@ -106,6 +112,11 @@ class MemoryRecord:
     updated_at: datetime | None = None
     # Filled by the service answering (trust.decorate); None: not computed.
     effective_confidence: float | None = None
+
+    @property
+    def negated(self) -> bool:
+        """Whether the fact says its triple does not hold (predicate "not_…")."""
+        return self.predicate.startswith(NEGATION_PREFIX)
 
 
 # The fields UpdateMemory may change, in the order an edit lists them.
@@ -184,6 +195,8 @@ class ExistingFact:
     similarity: float
     # When the stored fact became true: a statement said before it never replaces it.
     valid_from: datetime | None = None
+    # Its category ("event" facts are never ended by a change: what happened stays true).
+    category: str = ""
 
 
 @dataclass(frozen=True)

@@ -485,6 +485,7 @@ class Memory(_message.Message):
     LAST_REINFORCED_AT_FIELD_NUMBER: _builtins.int
     DEMOTED_AT_FIELD_NUMBER: _builtins.int
     UPDATED_AT_FIELD_NUMBER: _builtins.int
+    NEGATED_FIELD_NUMBER: _builtins.int
     memory_id: _builtins.str
     """UUID assigned by memsvc; quote it in Correct, Forget and GetMemoryHistory."""
     content: _builtins.str
@@ -529,6 +530,13 @@ class Memory(_message.Message):
     """`confidence` decayed to now by its category's half-life since it was last confirmed
     (written, reinforced or corrected). Pinned and corrected memories do not decay;
     a confidence set by UpdateMemory counts as a confirmation.
+    """
+    negated: _builtins.bool
+    """Polarity: true when the fact says its triple does NOT hold ("I don't work at Google
+    anymore" is subject "user", predicate "not_works_at", object "Google", negated true).
+    A negated statement never carries a positive triple: its predicate always starts with
+    "not_", and `negated` is true exactly when it does. False for free text. Prefetch marks
+    such a fact "negated" beside its category.
     """
     @_builtins.property
     def scope(self) -> Global___Scope:
@@ -613,10 +621,11 @@ class Memory(_message.Message):
         last_reinforced_at: _timestamp_pb2.Timestamp | None = ...,
         demoted_at: _timestamp_pb2.Timestamp | None = ...,
         updated_at: _timestamp_pb2.Timestamp | None = ...,
+        negated: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["demoted_at", b"demoted_at", "expires_at", b"expires_at", "invalid_at", b"invalid_at", "last_referenced_at", b"last_referenced_at", "last_reinforced_at", b"last_reinforced_at", "recorded_at", b"recorded_at", "scope", b"scope", "sharing", b"sharing", "updated_at", b"updated_at", "valid_from", b"valid_from"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["category", b"category", "confidence", b"confidence", "content", b"content", "correction_reason", b"correction_reason", "demoted_at", b"demoted_at", "effective_confidence", b"effective_confidence", "expires_at", b"expires_at", "invalid_at", b"invalid_at", "last_referenced_at", b"last_referenced_at", "last_reinforced_at", b"last_reinforced_at", "memory_id", b"memory_id", "object", b"object", "origin", b"origin", "pinned", b"pinned", "predicate", b"predicate", "recorded_at", b"recorded_at", "reinforced_count", b"reinforced_count", "retention_policy", b"retention_policy", "role", b"role", "scope", b"scope", "session_id", b"session_id", "sharing", b"sharing", "source_message_ids", b"source_message_ids", "status", b"status", "subject", b"subject", "superseded_by_id", b"superseded_by_id", "supersedes_id", b"supersedes_id", "updated_at", b"updated_at", "valid_from", b"valid_from"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["category", b"category", "confidence", b"confidence", "content", b"content", "correction_reason", b"correction_reason", "demoted_at", b"demoted_at", "effective_confidence", b"effective_confidence", "expires_at", b"expires_at", "invalid_at", b"invalid_at", "last_referenced_at", b"last_referenced_at", "last_reinforced_at", b"last_reinforced_at", "memory_id", b"memory_id", "negated", b"negated", "object", b"object", "origin", b"origin", "pinned", b"pinned", "predicate", b"predicate", "recorded_at", b"recorded_at", "reinforced_count", b"reinforced_count", "retention_policy", b"retention_policy", "role", b"role", "scope", b"scope", "session_id", b"session_id", "sharing", b"sharing", "source_message_ids", b"source_message_ids", "status", b"status", "subject", b"subject", "superseded_by_id", b"superseded_by_id", "supersedes_id", b"supersedes_id", "updated_at", b"updated_at", "valid_from", b"valid_from"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -78,6 +78,7 @@ def memory(record: MemoryRecord) -> pb.Memory:
         ),
         origin=record.origin,
         correction_reason=record.correction_reason,
+        negated=record.negated,
     )
     if record.invalid_at is not None:
         _set_time(msg.invalid_at, record.invalid_at)
