@@ -87,6 +87,8 @@ async def ingest_persona(
         start = datetime.strptime(session["time"], "%Y-%m-%d").replace(hour=9, tzinfo=UTC)
         messages = []
         for k, turn in enumerate(session["turns"]):
+            if not clean(turn["text"]).strip():
+                continue  # a few assistant turns are empty: nothing to store or find
             sent = Timestamp()
             sent.FromDatetime(start + timedelta(minutes=k))
             is_user = turn["role"] == "USER"
