@@ -9,12 +9,10 @@ span therefore count as the same request, which is what a retry looks like anywa
 from __future__ import annotations
 
 import hashlib
-from typing import TYPE_CHECKING
 
 import orjson
 
-if TYPE_CHECKING:
-    from memsvc.ingest.service import IngestCommand
+from memsvc.ingest.command import IngestCommand
 
 # Bumped if the digested fields ever change: a row of another version is compared by scope only.
 _VERSION = "v1"

@@ -21,29 +21,17 @@ from memsvc.concurrency.deadline import Budget
 from memsvc.errors import AlreadyExists, DeadlineExceeded, NotFound, Unavailable
 from memsvc.governance.guard import PiiGuard
 from memsvc.governance.policy import TenantPolicies, parse_pii_policy
+from memsvc.ingest.command import IngestCommand
 from memsvc.ingest.fingerprint import request_digest
 from memsvc.ingest.payload import JobPayload
 from memsvc.observability import tracing
 from memsvc.storage import citus, outbox
-from memsvc.storage.messages import StoredMessage, insert_messages
+from memsvc.storage.messages import insert_messages
 from memsvc.storage.model import Scope
 from memsvc.storage.pool import acquire
 
 # Characters of a turn screened on the event loop; a bigger turn is screened in a thread.
 _SCREEN_INLINE_CHARS = 8_000
-
-
-@dataclass(frozen=True)
-class IngestCommand:
-    """A validated Ingest request."""
-
-    scope: Scope
-    session_id: str
-    messages: tuple[StoredMessage, ...]
-    idempotency_key: str
-    end_of_session: bool = False
-    goals: tuple[str, ...] = ()
-    counterpart_persona_id: str = ""
 
 
 @dataclass(frozen=True)

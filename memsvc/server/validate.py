@@ -15,7 +15,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from memsvc.config import Settings
 from memsvc.errors import InvalidArgument
 from memsvc.governance import time_bounds
-from memsvc.ingest.service import IngestCommand
+from memsvc.ingest.command import IngestCommand
 from memsvc.server import page_tokens
 from memsvc.storage.messages import StoredMessage
 from memsvc.storage.model import ListQuery, NewMemory, Scope, Sharing
