@@ -68,6 +68,7 @@ def test_a_share_follows_a_pool_that_shrinks_under_load() -> None:
     slots = TenantSlots(
         "reads", total=32, per_tenant=16, retry_after_s=1.0, share_now=lambda: cap[0] // 2
     )
+    slots.take("z")  # another tenant reads: the shrinking share applies
     for _ in range(4):
         slots.take("a")
     with pytest.raises(ResourceExhausted) as info:
@@ -81,6 +82,15 @@ def test_a_share_follows_a_pool_that_shrinks_under_load() -> None:
     cap[0] = 1
     assert slots.held("c") == 0
     slots.take("c")  # never less than one
+
+
+def test_a_tenant_alone_is_held_by_the_pool_not_by_a_shrunk_share() -> None:
+    slots = TenantSlots("reads", total=32, per_tenant=16, retry_after_s=1.0, share_now=lambda: 1)
+    for _ in range(5):
+        slots.take("a")  # nobody else holds a slot: the pool's own cap decides
+    slots.take("b")  # b is alone in its share, and a's many do not stop it
+    with pytest.raises(ResourceExhausted):
+        slots.take("b")  # now a holds slots: b's shrunk share (1) applies
 
 
 def test_no_own_cap_when_the_share_is_zero() -> None:

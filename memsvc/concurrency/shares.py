@@ -19,7 +19,7 @@ class TenantSlots:
     """At most ``total`` slots held at once, at most ``per_tenant`` (0: no own cap) by one
     tenant. ``what`` names the slots in refusals ("ExportMemories streams"). ``share_now``:
     a tenant's share at this moment when the pool itself shrinks under load (the read gate's
-    cap), never more than ``per_tenant``."""
+    cap), never more than ``per_tenant``; it applies while other tenants hold slots."""
 
     def __init__(
         self,
@@ -52,7 +52,9 @@ class TenantSlots:
         free for this tenant."""
         held = self._held.get(tenant, 0)
         share = self._per_tenant
-        if share and self._share_now is not None:
+        if share and self._share_now is not None and self._in_use > held:
+            # The shrunk share protects the other tenants holding slots now; a tenant alone
+            # is held by the pool's own cap (the read gate's, which says why it refuses).
             share = max(1, min(share, self._share_now()))
         if share and held >= share:
             raise ResourceExhausted(

@@ -216,7 +216,7 @@ async def lexical_hits(
     budget: Budget,
     filters: RecallFilters = NO_FILTERS,
     embedding_model: str | None = None,
-    idf: bool = True,
+    idf: bool = False,
 ) -> list[Hit]:
     """The ``limit`` best text matches over all kinds, best first (score higher is better).
 
