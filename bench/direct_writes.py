@@ -128,6 +128,9 @@ async def ingest(
             idempotency_key=idempotency_key,
             session_id=turn.session_id,
             payload=payload,
+            # The service stores a SHA-256 of the request here (microseconds): a constant
+            # stands in for it in the floor.
+            request_digest=f"v1:{ingest_id}",
         )
         if fresh:
             await insert_messages(

@@ -36,6 +36,7 @@ async def _enqueue(pool: asyncpg.Pool, scope: Scope, n: int) -> list[uuid.UUID]:
                 idempotency_key=f"k-{ingest_id}",
                 session_id="s",
                 payload={},
+                request_digest=f"d-{ingest_id}",
             )
         ids.append(ingest_id)
     return ids
