@@ -663,6 +663,14 @@ def _stable(memory: pb.Memory) -> bytes:
     return copy.SerializeToString(deterministic=True)
 
 
+def _version(table: str) -> str:
+    """A row's version: xmin and ctid; for api_keys its content without last_used_at, which
+    the server stamps in the background (once a minute per process) for any key in use."""
+    if table == "api_keys":
+        return "(to_jsonb(r) - 'last_used_at')::text"
+    return "r.xmin::text || r.ctid::text"
+
+
 async def everything(world: World, pool: asyncpg.Pool) -> tuple[object, ...]:
     """Every scope's full listing (superseded included) over the API, and every row version
     of the world's tenants in every table (count and xmin/ctid).
@@ -688,8 +696,8 @@ async def everything(world: World, pool: asyncpg.Pool) -> tuple[object, ...]:
         rows = await conn.fetch(
             " UNION ALL ".join(
                 f"SELECT '{t['table_name']}' AS tbl, count(*) AS n, coalesce(md5(string_agg("
-                "xmin::text || ctid::text, ',' ORDER BY xmin::text || ctid::text)), '') AS h"
-                f" FROM {t['table_name']} WHERE tenant_id = ANY($1::text[])"
+                f"{_version(t['table_name'])}, ',' ORDER BY {_version(t['table_name'])})), '')"
+                f" AS h FROM {t['table_name']} r WHERE tenant_id = ANY($1::text[])"
                 for t in tables
             ),
             sorted(world.callers),
