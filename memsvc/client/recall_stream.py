@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
 
 from memsvc.client.errors import MemsvcCallError, from_rpc_error
+from memsvc.client.stream_status import ServerStatus
 from memsvc.v1 import memory_pb2 as pb
 from memsvc.v1 import memory_pb2_grpc as pb_grpc
 
@@ -50,7 +50,8 @@ class RecallStream:
         self._request_id = request_id
         self._final_timeout_s = final_timeout_s
         self._queue: asyncio.Queue[pb.RecallStreamRequest | None] = asyncio.Queue(MAX_QUEUED)
-        self._call = stub.RecallStream(self._requests(), timeout=timeout, metadata=metadata)
+        self._call = stub.RecallStream(_Requests(self._queue), timeout=timeout, metadata=metadata)
+        self._status = ServerStatus(self._call)
         self._responses = aiter(self._call)
         self._failed: Exception | None = None
         self._last_interim = ""
@@ -65,10 +66,6 @@ class RecallStream:
     @property
     def request_id(self) -> str:
         return self._request_id
-
-    async def _requests(self) -> AsyncIterator[pb.RecallStreamRequest]:
-        while (request := await self._queue.get()) is not None:
-            yield request
 
     def _request(self, text: str, *, final: bool) -> pb.RecallStreamRequest:
         first, self._first = self._first, None
@@ -97,7 +94,9 @@ class RecallStream:
             async with asyncio.timeout(self._final_timeout_s + FINAL_SLACK_S):
                 response = await anext(self._responses, None)
         except grpc.aio.AioRpcError as exc:
-            self._failed = from_rpc_error(exc, rpc=RPC, request_id=self._request_id, attempts=1)
+            self._failed = from_rpc_error(
+                await self._status.error(exc), rpc=RPC, request_id=self._request_id, attempts=1
+            )
             raise self._failed from exc
         except TimeoutError as exc:
             self._failed = exc
@@ -122,3 +121,21 @@ class RecallStream:
             if self._failed is not None:
                 span.record_exception(self._failed)
             span.end()
+
+
+class _Requests:
+    """The requests grpc sends, as they are queued (None ends them). An iterator object, not
+    an async generator: grpc cancels its consumer mid-await when the call ends, and closing a
+    generator suspended there fails ("asynchronous generator is already running")."""
+
+    def __init__(self, queue: asyncio.Queue[pb.RecallStreamRequest | None]) -> None:
+        self._queue = queue
+
+    def __aiter__(self) -> _Requests:
+        return self
+
+    async def __anext__(self) -> pb.RecallStreamRequest:
+        request = await self._queue.get()
+        if request is None:
+            raise StopAsyncIteration
+        return request

@@ -193,6 +193,9 @@ def prefetch(request: pb.PrefetchRequest, scope: Scope, settings: Settings) -> P
 # RecallStream: the longest answer time a stream may ask of its finals (a minute, as the
 # longest default read deadline would be absurd for a transcript).
 MAX_FINAL_DEADLINE_MS = 60_000
+# ... and the shortest: the server keeps MEMSVC_DEADLINE_MARGIN_MS of it back to answer, and
+# even a degraded answer (the lexical leg alone) takes milliseconds; a voice turn asks ~200.
+MIN_FINAL_DEADLINE_MS = 50
 
 
 @dataclass(frozen=True)
@@ -209,9 +212,13 @@ def recall_stream_open(
 ) -> RecallStreamOpen:
     """The first request of a RecallStream, checked as Recall checks its request (its text
     may still be empty: an interim with no words yet)."""
-    if first.final_deadline_ms > MAX_FINAL_DEADLINE_MS:
+    shortest = max(MIN_FINAL_DEADLINE_MS, settings.deadline_margin_ms + 1)
+    if first.final_deadline_ms and not (
+        shortest <= first.final_deadline_ms <= MAX_FINAL_DEADLINE_MS
+    ):
         raise InvalidArgument(
-            f"final_deadline_ms: at most {MAX_FINAL_DEADLINE_MS} (0: the Recall default)"
+            f"final_deadline_ms: 0 (the Recall default) or from {shortest} to"
+            f" {MAX_FINAL_DEADLINE_MS}"
         )
     template = pb.RecallRequest(top_k=first.top_k, types=first.types, mode=first.mode)
     if first.HasField("scope"):

@@ -1536,7 +1536,7 @@ class RecallStreamRequest(_message.Message):
     """This is the utterance's final transcript: answer it."""
     final_deadline_ms: _builtins.int
     """First request only: each final's answer is due this long after it arrives (the stream's
-    own deadline still bounds everything). 0: MEMSVC_RECALL_DEFAULT_DEADLINE_MS.
+    own deadline still bounds everything): 50 to 60000. 0: MEMSVC_RECALL_DEFAULT_DEADLINE_MS.
     """
     @_builtins.property
     def scope(self) -> Global___Scope:
