@@ -78,9 +78,3 @@ class DeadlineExceeded(MemsvcError):
     """The call's deadline ran out before a write could complete; nothing was written."""
 
     code = grpc.StatusCode.DEADLINE_EXCEEDED
-
-
-class Unimplemented(MemsvcError):
-    """The RPC is declared in the contract but not built yet."""
-
-    code = grpc.StatusCode.UNIMPLEMENTED

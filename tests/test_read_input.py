@@ -119,10 +119,7 @@ async def hooked(
     servicer = MemoryServicer(
         settings,
         Authenticator(runtime.pool, enabled=True, default_tenant="dev"),
-        runtime.memories,
-        runtime.ingest,
-        recall=runtime.recall,
-        prefetch=runtime.prefetch,
+        runtime.services,
         on_read=on_read,
     )
     grpc_server = grpc.aio.server()

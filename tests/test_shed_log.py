@@ -7,7 +7,6 @@ Under overload a server refuses hundreds of reads a second; a line each would fl
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 
 import pytest
 
@@ -18,10 +17,9 @@ from memsvc.server.servicer import answer_for
 
 
 @pytest.fixture(autouse=True)
-def fresh() -> Iterator[None]:
-    shed_log.reset()
-    yield
-    shed_log.reset()
+def fresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process log that has written no line yet (the product keeps one per process)."""
+    monkeypatch.setattr(shed_log, "_shed_log", shed_log.ShedLog())
 
 
 def _shed_total() -> float:

@@ -20,29 +20,41 @@ log = logging.getLogger(__name__)
 
 INTERVAL_S = 10.0
 
-_since_logged = 0
-_logged_at: float | None = None
+
+class ShedLog:
+    """The count since the last line, and when that line was written."""
+
+    def __init__(self) -> None:
+        self._since_logged = 0
+        self._logged_at: float | None = None
+
+    def shed(self, reason: str, *, clock: float | None = None) -> None:
+        """Count one read refused at once (``reason``: the refusal's message)."""
+        metrics.READS_SHED.inc()
+        self._since_logged += 1
+        now = time.monotonic() if clock is None else clock
+        if self._logged_at is not None and now - self._logged_at < INTERVAL_S:
+            return
+        if self._logged_at is None:
+            log.warning("shedding reads (RESOURCE_EXHAUSTED, retry hinted): %s", reason)
+        else:
+            log.warning(
+                "shed %d reads in the last %.0f s (RESOURCE_EXHAUSTED, retry hinted); latest: %s",
+                self._since_logged,
+                now - self._logged_at,
+                reason,
+            )
+        self._since_logged = 0
+        self._logged_at = now
+
+
+# The process's one log of shed reads (every gate of the process sheds into it).
+_shed_log = ShedLog()
 
 
 def shed(reason: str, *, clock: float | None = None) -> None:
-    """Count one read refused at once (``reason``: the refusal's message)."""
-    global _since_logged, _logged_at
-    metrics.READS_SHED.inc()
-    _since_logged += 1
-    now = time.monotonic() if clock is None else clock
-    if _logged_at is not None and now - _logged_at < INTERVAL_S:
-        return
-    if _logged_at is None:
-        log.warning("shedding reads (RESOURCE_EXHAUSTED, retry hinted): %s", reason)
-    else:
-        log.warning(
-            "shed %d reads in the last %.0f s (RESOURCE_EXHAUSTED, retry hinted); latest: %s",
-            _since_logged,
-            now - _logged_at,
-            reason,
-        )
-    _since_logged = 0
-    _logged_at = now
+    """Count one read refused at once, in the process's log (:class:`ShedLog`)."""
+    _shed_log.shed(reason, clock=clock)
 
 
 def refused(why: str, *, retry_after_s: float) -> Overloaded:
@@ -50,10 +62,3 @@ def refused(why: str, *, retry_after_s: float) -> Overloaded:
     answer it with, with its retry hint."""
     shed(why)
     return Overloaded(f"{why}; retry shortly", retry_after_s=retry_after_s)
-
-
-def reset() -> None:
-    """Forget the last line (tests)."""
-    global _since_logged, _logged_at
-    _since_logged = 0
-    _logged_at = None

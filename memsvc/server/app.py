@@ -93,17 +93,8 @@ class MemsvcServer:
             servicer = MemoryServicer(
                 settings,
                 auth,
-                runtime.memories,
-                runtime.ingest,
-                recall=runtime.recall,
-                prefetch=runtime.prefetch,
-                export=runtime.export,
-                batch=runtime.batch,
-                importer=runtime.importer,
-                sessions=runtime.sessions,
+                runtime.services,
                 on_read=(lambda s: worker.kick(s.tenant_id, s.user_id)) if worker else None,
-                core_blocks=runtime.core_blocks,
-                changes=runtime.changes,
                 cpu_busy=runtime.cpu_busy,
                 core_queue=core_queue,
             )

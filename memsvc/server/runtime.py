@@ -49,6 +49,7 @@ from memsvc.retrieval.embed_cache import EmbeddingLRU, QueryEmbedder
 from memsvc.retrieval.recall import RecallConfig, RecallService
 from memsvc.retrieval.references import ReferenceRecorder
 from memsvc.server.core_queue import CoreQueue
+from memsvc.server.services import Services
 from memsvc.storage import pool as pools
 from memsvc.storage.notifications import ChangeListener
 from memsvc.storage.pool import connect_and_migrate
@@ -488,6 +489,22 @@ class Runtime:
             self._stack.push_async_callback(embedder.aclose)
         self.pipeline_embedder = embedder
         return embedder
+
+    @property
+    def services(self) -> Services:
+        """The services a gRPC servicer serves."""
+        return Services(
+            memories=self.memories,
+            ingest=self.ingest,
+            recall=self.recall,
+            prefetch=self.prefetch,
+            export=self.export,
+            batch=self.batch,
+            importer=self.importer,
+            sessions=self.sessions,
+            core_blocks=self.core_blocks,
+            changes=self.changes,
+        )
 
     async def close(self) -> None:
         await self._stack.aclose()

@@ -23,19 +23,9 @@ from memsvc.errors import (
     MemsvcError,
     Overloaded,
     Unavailable,
-    Unimplemented,
 )
-from memsvc.export.importer import ImportService
-from memsvc.export.service import ExportService
-from memsvc.ingest.service import IngestService
-from memsvc.memories.batch import BatchService
-from memsvc.memories.core_blocks import CoreBlockService
-from memsvc.memories.service import MemoryService
-from memsvc.memories.sessions import SessionService
-from memsvc.memories.watch import ChangeStream
 from memsvc.observability import call_context, metrics, tracing
 from memsvc.prefetch.model import PrefetchQuery
-from memsvc.prefetch.service import PrefetchService
 from memsvc.retrieval.query import RecallQuery
 from memsvc.retrieval.recall import RecallResult, RecallService
 from memsvc.retrieval.recall_ahead import RecallAhead
@@ -65,6 +55,7 @@ from memsvc.server.admission import (
 )
 from memsvc.server.auth import Authenticator, Metadata
 from memsvc.server.core_queue import CoreQueue
+from memsvc.server.services import Services
 from memsvc.storage.errors import map_db_error
 from memsvc.storage.model import Scope
 from memsvc.v1 import memory_pb2 as pb
@@ -138,33 +129,24 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         self,
         settings: Settings,
         auth: Authenticator,
-        memories: MemoryService,
-        ingest: IngestService,
+        services: Services,
         *,
-        recall: RecallService | None = None,
-        prefetch: PrefetchService | None = None,
-        export: ExportService | None = None,
         on_read: Callable[[Scope], object] | None = None,
-        batch: BatchService | None = None,
-        importer: ImportService | None = None,
-        sessions: SessionService | None = None,
-        core_blocks: CoreBlockService | None = None,
-        changes: ChangeStream | None = None,
         cpu_busy: CpuBusy | None = None,
         core_queue: CoreQueue | None = None,
     ) -> None:
-        self._changes = changes
-        self._sessions = sessions
-        self._core_blocks = core_blocks
-        self._batch = batch
-        self._importer = importer
         self._settings = settings
         self._auth = auth
-        self._memories = memories
-        self._ingest = ingest
-        self._recall = recall
-        self._prefetch = prefetch
-        self._export = export
+        self._memories = services.memories
+        self._ingest = services.ingest
+        self._recall = services.recall
+        self._prefetch = services.prefetch
+        self._export = services.export
+        self._batch = services.batch
+        self._importer = services.importer
+        self._sessions = services.sessions
+        self._core_blocks = services.core_blocks
+        self._changes = services.changes
         # Called (never awaited) when a user reads: kicks a drain of that user's pending
         # ingest work so their memories exist before the next turn. An async callback runs
         # as a background task (referenced until done); either way the read never waits.
@@ -352,12 +334,6 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             context, "GetMemoryHistory", handle, default_deadline_ms=self._write_deadline()
         )
 
-    # -- declared, built in later issues ----------------------------------------------------
-
-    async def _unimplemented(self, context: Context, rpc: str, issue: str) -> None:
-        error = Unimplemented(f"{rpc} is declared but not built yet ({issue}); no answer is faked")
-        await status.abort(context, error)
-
     # -- read path ----------------------------------------------------------------------------
 
     def _notify_read(self, scope: Scope) -> None:
@@ -390,9 +366,6 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
 
     async def Prefetch(self, request: pb.PrefetchRequest, context: Context) -> pb.PrefetchResponse:
         service = self._prefetch
-        if service is None:
-            await self._unimplemented(context, "Prefetch", "read path")
-            raise AssertionError("unreachable")
 
         async def serve(query: PrefetchQuery, budget: Budget) -> pb.PrefetchResponse:
             return convert_read.prefetch_response(await service.prefetch(query, budget))
@@ -408,9 +381,6 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
 
     async def Recall(self, request: pb.RecallRequest, context: Context) -> pb.RecallResponse:
         service = self._recall
-        if service is None:
-            await self._unimplemented(context, "Recall", "read path")
-            raise AssertionError("unreachable")
 
         async def serve(query: RecallQuery, budget: Budget) -> pb.RecallResponse:
             return convert_read.recall_response(await service.recall(query, budget))
@@ -434,9 +404,6 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         limits, a read slot, its own budget); work ahead runs only while live reads leave
         room and never fails the stream. An error ends the stream with its status."""
         service = self._recall
-        if service is None:
-            await self._unimplemented(context, "RecallStream", "read path")
-            return
         try:
             tenant = await self._auth.tenant(_metadata(context))
             call_context.tenant.set(tenant)
@@ -585,9 +552,6 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         """A server stream: records leave as the cursors read them. An error after the first
         record still ends the call with its status (the caller discards what it got)."""
         service = self._export
-        if service is None:
-            await self._unimplemented(context, "ExportMemories", "export")
-            return
         try:
             tenant = await self._auth.tenant(_metadata(context))
             call_context.tenant.set(tenant)
@@ -646,9 +610,6 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         self, request: pb.GetCoreBlocksRequest, context: Context
     ) -> pb.GetCoreBlocksResponse:
         service = self._core_blocks
-        if service is None:
-            await self._unimplemented(context, "GetCoreBlocks", "core blocks")
-            raise AssertionError("unreachable")
 
         async def handle(tenant: str, budget: Budget) -> pb.GetCoreBlocksResponse:
             scope = validate.scope(
@@ -668,9 +629,6 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         self, request: pb.UpdateCoreBlockRequest, context: Context
     ) -> pb.UpdateCoreBlockResponse:
         service = self._core_blocks
-        if service is None:
-            await self._unimplemented(context, "UpdateCoreBlock", "core blocks")
-            raise AssertionError("unreachable")
 
         async def handle(tenant: str, budget: Budget) -> pb.UpdateCoreBlockResponse:
             command = validate_core_blocks.update(request, tenant, self._settings)
@@ -688,9 +646,6 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         self, request: pb.GetCoreBlockHistoryRequest, context: Context
     ) -> pb.GetCoreBlockHistoryResponse:
         service = self._core_blocks
-        if service is None:
-            await self._unimplemented(context, "GetCoreBlockHistory", "core blocks")
-            raise AssertionError("unreachable")
 
         async def handle(tenant: str, budget: Budget) -> pb.GetCoreBlockHistoryResponse:
             scope, block, limit = validate_core_blocks.history(request, tenant, self._settings)
@@ -737,17 +692,12 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
 
     # -- sessions and episodes (issue 15) -----------------------------------------------------
 
-    def _session_service(self) -> SessionService:
-        if self._sessions is None:
-            raise Unimplemented("sessions are not served by this server")
-        return self._sessions
-
     async def ListSessions(
         self, request: pb.ListSessionsRequest, context: Context
     ) -> pb.ListSessionsResponse:
         async def handle(tenant: str, budget: Budget) -> pb.ListSessionsResponse:
             query = validate_sessions.list_sessions(request, tenant, self._settings)
-            page = await self._session_service().list_sessions(
+            page = await self._sessions.list_sessions(
                 query.scope, query.page_size, query.after, budget
             )
             return pb.ListSessionsResponse(
@@ -770,7 +720,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     ) -> pb.ListEpisodesResponse:
         async def handle(tenant: str, budget: Budget) -> pb.ListEpisodesResponse:
             query = validate_sessions.list_episodes(request, tenant, self._settings)
-            page = await self._session_service().list_episodes(
+            page = await self._sessions.list_episodes(
                 query.scope, query.page_size, query.after, query.session_id, budget
             )
             return pb.ListEpisodesResponse(
@@ -794,7 +744,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     ) -> pb.ForgetSessionResponse:
         async def handle(tenant: str, budget: Budget) -> pb.ForgetSessionResponse:
             scope, session_id = validate_sessions.forget_session(request, tenant, self._settings)
-            done = await self._session_service().forget_session(scope, session_id, budget)
+            done = await self._sessions.forget_session(scope, session_id, budget)
             return pb.ForgetSessionResponse(
                 messages_deleted=done.messages_deleted,
                 episodes_deleted=done.episodes_deleted,
@@ -812,9 +762,6 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         self, request: pb.RememberBatchRequest, context: Context
     ) -> pb.RememberBatchResponse:
         service = self._batch
-        if service is None:
-            await self._unimplemented(context, "RememberBatch", "batch")
-            raise AssertionError("unreachable")
 
         async def handle(tenant: str, budget: Budget) -> pb.RememberBatchResponse:
             items = validate_batch.remember_batch(request, tenant, self._settings)
@@ -829,9 +776,6 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         self, request_iterator: AsyncIterator[pb.ImportMemoriesRequest], context: Context
     ) -> pb.ImportMemoriesResponse:
         service = self._importer
-        if service is None:
-            await self._unimplemented(context, "ImportMemories", "import")
-            raise AssertionError("unreachable")
 
         async def handle(tenant: str, budget: Budget) -> pb.ImportMemoriesResponse:
             # Taken before the lines are read: it is their memory and time the slot bounds.
@@ -866,9 +810,6 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         later still ends the call with its status (the caller resumes from the last position
         it handled)."""
         stream = self._changes
-        if stream is None:
-            await self._unimplemented(context, "WatchMemories", "change stream")
-            return
         try:
             tenant = await self._auth.tenant(_metadata(context))
             call_context.tenant.set(tenant)
