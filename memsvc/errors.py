@@ -59,7 +59,7 @@ class ResourceExhausted(MemsvcError):
 
 class Overloaded(ResourceExhausted):
     """The server sheds load (a read refused at once): counted and summarized in the log
-    (observability/shed_log.py), not logged per call."""
+    (overload/shed_log.py), not logged per call."""
 
 
 class OutOfRange(MemsvcError):

@@ -17,8 +17,9 @@ import grpc
 import pytest
 
 from memsvc.errors import ResourceExhausted
-from memsvc.server.admission import InFlightLimit
-from memsvc.server.core_queue import CoreQueue, Counters, read_counters, server_ids
+from memsvc.overload.core_queue import CoreQueue, Counters, read_counters, server_ids
+from memsvc.overload.load import Load, LoadLimits
+from memsvc.overload.read_gate import InFlightLimit
 from memsvc.v1 import memory_pb2 as pb
 from memsvc.v1 import memory_pb2_grpc
 from tests.conftest import Caller
@@ -167,7 +168,7 @@ def test_a_failed_read_turns_the_measure_off() -> None:
 def test_the_read_gate_refuses_while_the_queue_is_old_and_admits_after() -> None:
     script = Scripted()
     queue = watched(script)
-    limit = InFlightLimit(16, core_queue=queue, max_queue_s=0.05)
+    limit = InFlightLimit(16, load=Load(LoadLimits(refuse_queue_s=0.05), queue=queue))
     script.arrived = 4
     queue.sample()
     script.now += 0.08
@@ -184,7 +185,7 @@ def test_the_read_gate_refuses_while_the_queue_is_old_and_admits_after() -> None
     queue.left()
     queue.sample()
     script.now += 1.0
-    off = InFlightLimit(16, core_queue=queue, max_queue_s=0.0)
+    off = InFlightLimit(16, load=Load(LoadLimits(refuse_queue_s=0.0), queue=queue))
     with off.slot(0.2):
         pass
 

@@ -15,9 +15,10 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from memsvc.concurrency.cpu_busy import CpuBusy
 from memsvc.errors import ResourceExhausted
-from memsvc.server.admission import InFlightLimit
+from memsvc.overload.cpu_busy import CpuBusy
+from memsvc.overload.load import Load, LoadLimits
+from memsvc.overload.read_gate import InFlightLimit
 from memsvc.v1 import memory_pb2 as pb
 from tests.conftest import Caller
 from tests.read_helpers import StartServer, pscope, stub_for
@@ -70,7 +71,7 @@ def test_a_saturated_machine_shrinks_the_read_cap_and_it_grows_back() -> None:
     cpu = ScriptedCpu(1.0)
     busy = CpuBusy(read=cpu, window=1)
     busy.sample()
-    limit = InFlightLimit(32, cpu=busy, max_cpu_busy=0.9)
+    limit = InFlightLimit(32, load=Load(LoadLimits(max_cpu_busy=0.9), cpu=busy))
     assert limit.cap == InFlightLimit.START_CAP
     for _ in range(30):  # every measurement saturated: multiplicative decrease to the floor
         busy.sample()
@@ -98,7 +99,7 @@ def test_a_cap_no_read_reached_does_not_grow() -> None:
     cpu = ScriptedCpu(0.1)
     busy = CpuBusy(read=cpu, window=1)
     busy.sample()
-    limit = InFlightLimit(32, cpu=busy, max_cpu_busy=0.9)
+    limit = InFlightLimit(32, load=Load(LoadLimits(max_cpu_busy=0.9), cpu=busy))
     for _ in range(20):  # an idle machine, a read at a time
         busy.sample()
         _fill(limit, 1)
@@ -120,7 +121,7 @@ def test_a_cap_no_read_reached_does_not_grow() -> None:
 
 def test_the_gate_off_never_shrinks_the_cap() -> None:
     busy = CpuBusy(read=ScriptedCpu(1.0), window=1)
-    limit = InFlightLimit(4, cpu=busy, max_cpu_busy=0.0)
+    limit = InFlightLimit(4, load=Load(LoadLimits(max_cpu_busy=0.0), cpu=busy))
     for _ in range(10):
         busy.sample()
     assert limit.cap == 4
@@ -139,7 +140,7 @@ async def test_recall_skips_its_embedding_while_the_machine_is_saturated(
     srv, channel = await start_server(
         reads_max_cpu_busy=0.9, slow_stages_ms=dict((("lexical", 300.0),))
     )
-    cpu_busy = srv.runtime.cpu_busy
+    cpu_busy = srv.runtime.load.cpu
     assert cpu_busy is not None  # the gate is on: the server measures the machine
     cpu_busy.stop()
     cpu_busy._read = scripted  # the test decides how busy the machine is

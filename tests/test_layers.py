@@ -18,6 +18,7 @@ LAYER = {
     "v1": 0,
     "concurrency": 0,
     "observability": 0,
+    "overload": 1,
     "storage": 1,
     "cache": 1,
     "embedding": 1,

@@ -18,11 +18,13 @@ import pytest
 
 from memsvc.concurrency.deadline import Budget
 from memsvc.concurrency.fanout import LegRunner
-from memsvc.concurrency.loop_lag import LoopLag
 from memsvc.concurrency.single_flight import SingleFlight
 from memsvc.config import ConfigError, Settings
 from memsvc.embedding.base import EmbeddingTimeout
 from memsvc.errors import DeadlineExceeded, ResourceExhausted
+from memsvc.overload.load import Load, LoadLimits
+from memsvc.overload.loop_lag import LoopLag
+from memsvc.overload.read_gate import InFlightLimit
 from memsvc.prefetch import assembly, codec, packet
 from memsvc.prefetch.model import (
     CORE,
@@ -45,7 +47,6 @@ from memsvc.retrieval.query import Hit, ItemKind
 from memsvc.retrieval.ranking import final_order
 from memsvc.retrieval.recall import RecallConfig, RecallService
 from memsvc.retrieval.scope_filter import keep_visible, memory_visible, visible
-from memsvc.server.admission import InFlightLimit
 from memsvc.storage.model import MemoryRecord, Scope, Sharing
 from memsvc.storage.pool import statement_timeout
 from tests.test_tenant_limits import FakeClock
@@ -813,21 +814,23 @@ async def test_leg_runner_keeps_back_what_a_late_loop_costs() -> None:
 
 async def test_loop_lag_sheds_reads_only_while_the_loop_stays_late() -> None:
     lag = LoopLag(interval_s=0.01, window=3)
+    load = Load(LoadLimits(max_loop_lag_s=0.02), loop_lag=lag)
+    off = Load(LoadLimits(max_loop_lag_s=0.0), loop_lag=lag)
     lag.start()
     try:
         await asyncio.sleep(0.05)
-        lag.admit_read(0.02)  # an idle loop admits
+        load.admit_read()  # an idle loop admits
         time.sleep(0.2)  # noqa: ASYNC251 (one stall: one late tick)
         await asyncio.sleep(0.02)
-        lag.admit_read(0.02)  # a single stall does not shed
+        load.admit_read()  # a single stall does not shed
         for _ in range(12):  # a saturated loop: every tick late
             time.sleep(0.04)  # noqa: ASYNC251
             await asyncio.sleep(0)
         with pytest.raises(ResourceExhausted, match="overloaded"):
-            lag.admit_read(0.02)
-        lag.admit_read(0)  # 0: the gate is off
+            load.admit_read()
+        off.admit_read()  # 0: the gate is off
         await asyncio.sleep(0.1)
-        lag.admit_read(0.02)  # recovered
+        load.admit_read()  # recovered
     finally:
         lag.stop()
 
@@ -847,7 +850,9 @@ async def test_legs_stop_earlier_on_a_lagging_loop() -> None:
     lag = LoopLag(interval_s=0.01, window=3)
     config = dataclasses.replace(RecallConfig.from_settings(Settings()), answer_headroom=0.1)
     # Only the budget arithmetic runs: no pool, embedder or runner is touched.
-    service = RecallService(cast(Any, None), cast(Any, None), cast(Any, None), config, loop_lag=lag)
+    service = RecallService(
+        cast(Any, None), cast(Any, None), cast(Any, None), config, load=Load(loop_lag=lag)
+    )
     budget = Budget(0.2)
     idle = service._legs_budget_s(budget)
     assert 0.17 < idle <= 0.18

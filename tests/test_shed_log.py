@@ -1,4 +1,4 @@
-"""observability/shed_log.py: shed reads are counted each, logged once per interval.
+"""overload/shed_log.py: shed reads are counted each, logged once per interval.
 
 Under overload a server refuses hundreds of reads a second; a line each would flood the log
 (and cost the loop) exactly when an operator reads it.
@@ -11,8 +11,9 @@ import logging
 import pytest
 
 from memsvc.errors import Overloaded, ResourceExhausted
-from memsvc.observability import metrics, shed_log
-from memsvc.server.admission import InFlightLimit
+from memsvc.observability import metrics
+from memsvc.overload import shed_log
+from memsvc.overload.read_gate import InFlightLimit
 from memsvc.server.servicer import answer_for
 
 

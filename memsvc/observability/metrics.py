@@ -125,7 +125,7 @@ PREFETCH_WARM = Counter(
 CORE_QUEUE_WAIT = Gauge(
     "memsvc_core_queue_wait_seconds",
     "How long the oldest call queued in gRPC's core for a handler has waited, at the last"
-    " sample (server/core_queue.py; Recall degrades and reads are refused on it)",
+    " sample (overload/core_queue.py; Recall degrades and reads are refused on it)",
 )
 READS_SHED = Counter(
     "memsvc_reads_shed_total", "Reads answered RESOURCE_EXHAUSTED at once (too many in flight)"

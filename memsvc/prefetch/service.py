@@ -33,7 +33,6 @@ from memsvc.cache.keys import packet_key, user_index_key
 from memsvc.cache.packets import CacheDeadline, CacheStatus, CacheUnavailable, PacketCache
 from memsvc.concurrency.deadline import Budget
 from memsvc.concurrency.fanout import LegRunner, late
-from memsvc.concurrency.loop_lag import LoopLag
 from memsvc.concurrency.single_flight import SingleFlight
 from memsvc.config import Settings
 from memsvc.embedding import EmbeddingError
@@ -41,6 +40,7 @@ from memsvc.embedding.base import EmbeddingTimeout
 from memsvc.errors import ResourceExhausted
 from memsvc.governance import trust
 from memsvc.observability import metrics, tracing
+from memsvc.overload.load import Load
 from memsvc.prefetch import assembly, codec, expiry, packet, queries
 from memsvc.prefetch.model import (
     CORE,
@@ -99,7 +99,6 @@ class PrefetchConfig:
     embed_timeout_s: float
     acquire_timeout_s: float
     redis_timeout_s: float
-    max_loop_lag_s: float = 0.0
     trust_policy: trust.TrustPolicy = field(default_factory=trust.TrustPolicy)
 
     @classmethod
@@ -116,7 +115,6 @@ class PrefetchConfig:
             embed_timeout_s=settings.embed_timeout_ms / 1000,
             acquire_timeout_s=settings.pg_acquire_timeout_ms / 1000,
             redis_timeout_s=settings.redis_timeout_ms / 1000,
-            max_loop_lag_s=settings.reads_max_loop_lag_ms / 1000,
             trust_policy=trust.policy_from(settings.confidence_half_life_days),
         )
 
@@ -180,16 +178,17 @@ class PrefetchService:
         runner: LegRunner,
         config: PrefetchConfig,
         *,
-        loop_lag: LoopLag | None = None,
+        load: Load | None = None,
         references: ReferenceRecorder | None = None,
     ) -> None:
+        """``load``: the process's load (overload/load.py); None: an idle one."""
         self._references = references
         self._pool = pool
         self._embedder = embedder
         self._cache = cache
         self._runner = runner
         self._config = config
-        self._loop_lag = loop_lag
+        self._load = load if load is not None else Load()
         self._flights: SingleFlight[str, _Build] = SingleFlight()
         #: Packets built from PostgreSQL so far (cache hits and joined flights build none).
         self.builds = 0
@@ -197,8 +196,7 @@ class PrefetchService:
         self.on_hintless: Callable[[PrefetchQuery], None] | None = None
 
     async def prefetch(self, query: PrefetchQuery, budget: Budget) -> PrefetchResult:
-        if self._loop_lag is not None:
-            self._loop_lag.admit_read(self._config.max_loop_lag_s)
+        self._load.admit_read()
         started = time.perf_counter()
         timings = PrefetchTimings()
         scope = query.scope

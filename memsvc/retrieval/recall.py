@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -20,14 +20,13 @@ import asyncpg
 import numpy as np
 import numpy.typing as npt
 
-from memsvc.concurrency.cpu_busy import CpuBusy
 from memsvc.concurrency.deadline import Budget
 from memsvc.concurrency.fanout import LegRunner, late
-from memsvc.concurrency.loop_lag import LoopLag
 from memsvc.config import Settings
 from memsvc.embedding.base import EmbeddingTimeout
 from memsvc.governance import trust
 from memsvc.observability import metrics, tracing
+from memsvc.overload.load import Load
 from memsvc.retrieval import route_effects
 from memsvc.retrieval.dense import dense_hits
 from memsvc.retrieval.embed_cache import QueryEmbedder
@@ -71,12 +70,6 @@ class RecallConfig:
     acquire_timeout_s: float
     roles: tuple[str, ...]
     half_life_days: float
-    max_loop_lag_s: float = 0.0
-    # Busier than this machine-wide CPU share, the query is not embedded (0: off).
-    max_cpu_busy: float = 0.0
-    # While the oldest call queued in front of the handlers has waited longer than this, the
-    # query is not embedded either (0: off).
-    max_queue_s: float = 0.0
     # Budgets up to this long (voice) do not wait for the embedding and the dense leg when
     # the lexical leg suffices (leg_policy); 0: always wait.
     lexical_enough_below_s: float = 0.0
@@ -105,9 +98,6 @@ class RecallConfig:
             acquire_timeout_s=settings.pg_acquire_timeout_ms / 1000,
             roles=settings.roles,
             half_life_days=settings.half_life_days,
-            max_loop_lag_s=settings.reads_max_loop_lag_ms / 1000,
-            max_cpu_busy=settings.reads_max_cpu_busy,
-            max_queue_s=settings.reads_degrade_queue_ms / 1000,
             lexical_enough_below_s=settings.recall_lexical_enough_below_ms / 1000,
             embed_admit_share=settings.recall_embed_admit_share,
             answer_headroom=settings.recall_answer_headroom,
@@ -164,18 +154,15 @@ class RecallService:
         runner: LegRunner,
         config: RecallConfig,
         *,
-        loop_lag: LoopLag | None = None,
-        cpu_busy: CpuBusy | None = None,
-        queue_wait: Callable[[], float] | None = None,
+        load: Load | None = None,
         references: ReferenceRecorder | None = None,
     ) -> None:
+        """``load``: the process's load (overload/load.py); None: an idle one."""
         self._pool = pool
         self._embedder = embedder
         self._runner = runner
         self._config = config
-        self._loop_lag = loop_lag
-        self._cpu_busy = cpu_busy if config.max_cpu_busy > 0 else None
-        self._queue_wait = queue_wait if config.max_queue_s > 0 else None
+        self._load = load if load is not None else Load()
         self._references = references
         self._lexical_s = 0.0
         self._lexical_at = 0.0
@@ -185,29 +172,24 @@ class RecallService:
         lexical legs, which wait for the pool, the database and the event loop like any
         read, plus the loop's current lateness. The read gate refuses a call only when even
         this does not fit its budget (0 before the first leg)."""
-        lag_s = self._loop_lag.lag_s if self._loop_lag is not None else 0.0
+        lag_s = self._load.lag_s
         age_s = time.monotonic() - self._lexical_at
         decay: float = 0.5 ** (age_s / self.FLOOR_HALF_LIFE_S)
         return self._lexical_s * decay + lag_s
 
     def _machine_saturated(self, tenant_id: str, text: str) -> bool:
-        """The machine's CPUs busier than configured, or calls queued in front of the
-        handlers for longer than configured (the serving loop is saturated), and ``text``
-        not embedded yet: its ~10 ms of CPU would push every answer on the machine later (a
+        """The load says the machine is saturated (Load.saturated), and ``text`` is not
+        embedded yet: its ~10 ms of CPU would push every answer on the machine later (a
         cached vector costs none). A degraded answer comes before refusing anyone: calls
         then leave the queue faster than they arrive, where an embedding each keeps it."""
-        cpu, queue_wait = self._cpu_busy, self._queue_wait
-        return (
-            (cpu is not None and cpu.busy > self._config.max_cpu_busy)
-            or (queue_wait is not None and queue_wait() > self._config.max_queue_s)
-        ) and self._embedder.cached(tenant_id, text) is None
+        return self._load.saturated() and self._embedder.cached(tenant_id, text) is None
 
     def _legs_budget_s(self, budget: Budget) -> float:
         """How long the legs may run: the budget less its headroom, and less twice the loop's
         current lag. On a lagging loop the timer that stops the legs fires that late, and the
         callbacks that send the answer run that late again; without this a saturated server
         answers a few tens of ms after the deadline it meant to keep."""
-        lag_s = self._loop_lag.lag_s if self._loop_lag is not None else 0.0
+        lag_s = self._load.lag_s
         return max(0.0, budget.remaining() * (1.0 - self._config.answer_headroom) - 2 * lag_s)
 
     async def _dense(
@@ -292,8 +274,7 @@ class RecallService:
     ) -> RecallResult:
         """``record_references``: False for work ahead of a question not yet asked (a
         RecallStream's interims): only an answer the caller receives counts as a reference."""
-        if self._loop_lag is not None:
-            self._loop_lag.admit_read(self._config.max_loop_lag_s)
+        self._load.admit_read()
         started = time.perf_counter()
         timings = RecallTimings()
         limit = max(self._config.candidates, query.top_k)

@@ -19,8 +19,8 @@ from memsvc.embedding import Embedder
 from memsvc.extraction.base import Extractor
 from memsvc.observability import gc_pauses
 from memsvc.observability.metrics_http import MetricsEndpoint
+from memsvc.overload.core_queue import server_ids
 from memsvc.server.auth import Authenticator
-from memsvc.server.core_queue import server_ids
 from memsvc.server.interceptor import ObservingInterceptor
 from memsvc.server.runtime import Runtime
 from memsvc.server.servicer import MemoryServicer
@@ -95,8 +95,7 @@ class MemsvcServer:
                 auth,
                 runtime.services,
                 on_read=(lambda s: worker.kick(s.tenant_id, s.user_id)) if worker else None,
-                cpu_busy=runtime.cpu_busy,
-                core_queue=core_queue,
+                load=runtime.load,
             )
             if runtime.warmer is not None:
                 # Rebuilds packets after changes (any process's), after this server's reads.

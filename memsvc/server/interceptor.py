@@ -24,8 +24,8 @@ from grpc._cython import cygrpc  # type: ignore[attr-defined]
 
 from memsvc.errors import DeadlineExceeded, InvalidArgument
 from memsvc.observability import call_context, metrics, tracing
+from memsvc.overload.core_queue import CoreQueue
 from memsvc.server import request_context, status
-from memsvc.server.core_queue import CoreQueue
 
 log = logging.getLogger(__name__)
 

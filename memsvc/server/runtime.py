@@ -14,9 +14,7 @@ from memsvc.cache.invalidation import PacketInvalidator
 from memsvc.cache.packets import PacketCache
 from memsvc.cache.warm_shapes import MAX_SHAPES as WARM_MAX_SHAPES
 from memsvc.cache.warm_shapes import WarmShapes
-from memsvc.concurrency.cpu_busy import CpuBusy
 from memsvc.concurrency.fanout import LegRunner
-from memsvc.concurrency.loop_lag import LoopLag
 from memsvc.config import ConfigError, Settings
 from memsvc.embedding import Embedder
 from memsvc.embedding.factory import build_embedder
@@ -43,12 +41,15 @@ from memsvc.memories.service import MemoryService
 from memsvc.memories.sessions import SessionService
 from memsvc.memories.watch import ChangeStream, WatchConfig
 from memsvc.observability import tracing
+from memsvc.overload.core_queue import CoreQueue
+from memsvc.overload.cpu_busy import CpuBusy
+from memsvc.overload.load import Load, LoadLimits
+from memsvc.overload.loop_lag import LoopLag
 from memsvc.prefetch.service import PrefetchConfig, PrefetchService
 from memsvc.prefetch.warmer import PacketWarmer, WarmConfig
 from memsvc.retrieval.embed_cache import EmbeddingLRU, QueryEmbedder
 from memsvc.retrieval.recall import RecallConfig, RecallService
 from memsvc.retrieval.references import ReferenceRecorder
-from memsvc.server.core_queue import CoreQueue
 from memsvc.server.services import Services
 from memsvc.storage import pool as pools
 from memsvc.storage.notifications import ChangeListener
@@ -135,10 +136,10 @@ class Runtime:
     ingest: IngestService
     recall: RecallService
     prefetch: PrefetchService
-    # The machine's CPU busy share, for the read gates (None: MEMSVC_READS_MAX_CPU_BUSY=0).
-    cpu_busy: CpuBusy | None
-    # How long calls wait in gRPC's core for a handler: the serving app points it at its
-    # server; Recall degrades and the read gate refuses on it (MEMSVC_READS_*_QUEUE_MS).
+    # The process's load signals and rules (overload/): Recall and Prefetch read them, the
+    # serving app hands them to the read gate and points the core queue at its server.
+    load: Load
+    # How long calls wait in gRPC's core for a handler (the load's ``queue``).
     core_queue: CoreQueue
     export: ExportService
     changes: ChangeStream
@@ -167,8 +168,8 @@ class Runtime:
         self._with_worker = settings.run_workers if with_worker is None else with_worker
         self._stack = AsyncExitStack()
         self.worker = None
-        self.cpu_busy = None
         self.core_queue = CoreQueue()
+        self.load = Load(LoadLimits.from_settings(settings), queue=self.core_queue)
 
     async def start(self) -> None:
         settings = self.settings
@@ -429,18 +430,20 @@ class Runtime:
         loop_lag = LoopLag()
         loop_lag.start()
         self._stack.callback(loop_lag.stop)
+        cpu = None
         if settings.reads_max_cpu_busy > 0:
-            self.cpu_busy = CpuBusy()
-            self.cpu_busy.start()
-            self._stack.callback(self.cpu_busy.stop)
+            cpu = CpuBusy()
+            cpu.start()
+            self._stack.callback(cpu.stop)
+        self.load = Load(
+            LoadLimits.from_settings(settings), loop_lag=loop_lag, cpu=cpu, queue=self.core_queue
+        )
         self.recall = RecallService(
             self.pool,
             query_embedder,
             runner,
             RecallConfig.from_settings(settings),
-            loop_lag=loop_lag,
-            cpu_busy=self.cpu_busy,
-            queue_wait=self.core_queue.wait_s,
+            load=self.load,
             references=self.references,
         )
         self.prefetch = PrefetchService(
@@ -454,7 +457,7 @@ class Runtime:
             ),
             runner,
             PrefetchConfig.from_settings(settings),
-            loop_lag=loop_lag,
+            load=self.load,
             references=self.references,
         )
         self.warmer = None

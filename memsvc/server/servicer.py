@@ -12,7 +12,6 @@ from typing import TypeVar
 
 import grpc
 
-from memsvc.concurrency.cpu_busy import CpuBusy
 from memsvc.concurrency.deadline import Budget
 from memsvc.concurrency.shares import TenantSlots
 from memsvc.config import Settings
@@ -25,6 +24,8 @@ from memsvc.errors import (
     Unavailable,
 )
 from memsvc.observability import call_context, metrics, tracing
+from memsvc.overload.load import Load
+from memsvc.overload.read_gate import IN_FLIGHT_RETRY_AFTER_S, InFlightLimit
 from memsvc.prefetch.model import PrefetchQuery
 from memsvc.retrieval.query import RecallQuery
 from memsvc.retrieval.recall import RecallResult, RecallService
@@ -46,15 +47,8 @@ from memsvc.server import (
     validate_update,
     validate_watch,
 )
-from memsvc.server.admission import (
-    IN_FLIGHT_RETRY_AFTER_S,
-    Bucket,
-    InFlightLimit,
-    TenantLimits,
-    take_token,
-)
+from memsvc.server.admission import Bucket, TenantLimits, take_token
 from memsvc.server.auth import Authenticator, Metadata
-from memsvc.server.core_queue import CoreQueue
 from memsvc.server.services import Services
 from memsvc.storage.errors import map_db_error
 from memsvc.storage.model import Scope
@@ -102,7 +96,7 @@ def answer_for(rpc: str, exc: Exception) -> MemsvcError:
     else:
         log.exception("%s failed unexpectedly", rpc)
         error = MemsvcError(f"{rpc} failed: internal error ({type(exc).__name__})")
-    # Shed load is counted and summarized (observability/shed_log.py): a line per refusal
+    # Shed load is counted and summarized (overload/shed_log.py): a line per refusal
     # would flood the log when the server is saturated.
     if error.code not in _CALLER_ERRORS and not isinstance(error, Overloaded):
         log.info("%s answered %s", rpc, error.code.name)
@@ -132,9 +126,9 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         services: Services,
         *,
         on_read: Callable[[Scope], object] | None = None,
-        cpu_busy: CpuBusy | None = None,
-        core_queue: CoreQueue | None = None,
+        load: Load | None = None,
     ) -> None:
+        """``load``: the process's load, for the read gate (None: no machine or queue gate)."""
         self._settings = settings
         self._auth = auth
         self._memories = services.memories
@@ -153,12 +147,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         self._on_read = on_read
         self._on_read_tasks: set[asyncio.Future[object]] = set()
         self._reads = InFlightLimit(
-            settings.reads_max_in_flight,
-            queue_share=settings.reads_queue_share,
-            cpu=cpu_busy,
-            max_cpu_busy=settings.reads_max_cpu_busy,
-            core_queue=core_queue,
-            max_queue_s=settings.reads_max_queue_ms / 1000,
+            settings.reads_max_in_flight, queue_share=settings.reads_queue_share, load=load
         )
         self._tenants = TenantLimits(
             rate_per_s=settings.tenant_rate_per_s,

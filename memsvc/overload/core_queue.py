@@ -17,7 +17,7 @@ status counts in it), so when that is 0 every call arrived was taken or died.
 
 Recall answers without embedding its query while that wait is over
 ``MEMSVC_READS_DEGRADE_QUEUE_MS`` (retrieval/recall.py), and the admission gate
-(server/admission.py, ``MEMSVC_READS_MAX_QUEUE_MS``) refuses reads at once while it is over
+(read_gate.py, ``MEMSVC_READS_MAX_QUEUE_MS``) refuses reads at once while it is over
 that; the sampling thread runs when either is on.
 
 The counters come from grpc's own channelz (``grpc._cython.cygrpc.channelz_get_server``,

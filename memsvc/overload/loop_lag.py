@@ -1,4 +1,4 @@
-"""Event-loop lag, measured by a timer, and the read gate built on it.
+"""Event-loop lag, measured by a timer (the rule that refuses reads on it: load.py).
 
 When the CPU is saturated every callback runs late, including the ones that finish reads and
 send answers: a read admitted then answers after its caller's deadline no matter how its own
@@ -14,10 +14,6 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-
-from memsvc.observability import shed_log
-
-RETRY_AFTER_S = 0.1
 
 
 class LoopLag:
@@ -53,13 +49,3 @@ class LoopLag:
         assert self._loop is not None
         self._samples.append(max(0.0, self._loop.time() - self._expected))
         self._schedule()
-
-    def admit_read(self, max_lag_s: float) -> None:
-        """Overloaded (RESOURCE_EXHAUSTED, retryable, with a hint) while the loop lags more than
-        ``max_lag_s``; 0 disables the gate."""
-        lag_s = self.lag_s
-        if max_lag_s and lag_s > max_lag_s:
-            raise shed_log.refused(
-                f"this server is overloaded (event loop {lag_s * 1000:.0f} ms late)",
-                retry_after_s=RETRY_AFTER_S,
-            )
