@@ -132,7 +132,7 @@ def drain(server: MemsvcServer) -> Callable[[], Awaitable[int]]:
             server.runtime.pool,
             server.runtime.pipeline,
             worker_settings(server.settings),
-            dsn=server.settings.pg_dsn,
+            listener=server.runtime.listener,
         )
         return await worker.drain()
 

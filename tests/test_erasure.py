@@ -186,7 +186,7 @@ async def test_a_job_in_flight_never_writes_back_what_was_erased(
         runtime.pool,
         pipeline,
         dataclasses.replace(worker_settings(server.settings)),
-        dsn=server.settings.pg_dsn,
+        listener=runtime.listener,
     )
     running = asyncio.create_task(worker.drain())
     await asyncio.wait_for(gated.entered.wait(), timeout=10)

@@ -207,7 +207,7 @@ async def drain_all(server: MemsvcServer) -> int:
         server.runtime.pool,
         server.runtime.pipeline,
         worker_settings(server.settings),
-        dsn=server.settings.pg_dsn,
+        listener=server.runtime.listener,
     )
     return await worker.drain()
 

@@ -120,7 +120,7 @@ async def test_worker_extraction_warms_the_packet(warm: Warm, caller: Caller) ->
     runtime = warm.server.runtime
     worker = OutboxWorker(
         runtime.pool, runtime.pipeline, worker_settings(warm.server.settings),
-        dsn=warm.server.settings.pg_dsn,
+        listener=runtime.listener,
     )  # fmt: skip
     assert await worker.drain() >= 1
     await warm.settled(built)

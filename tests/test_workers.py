@@ -96,8 +96,7 @@ def make_worker(
         pipeline_settings(s),
     )
     ws = dataclasses.replace(worker_settings(s), **worker)  # type: ignore[arg-type]
-    assert s.pg_dsn is not None
-    return OutboxWorker(runtime.pool, pipeline, ws, dsn=s.pg_dsn)
+    return OutboxWorker(runtime.pool, pipeline, ws, listener=runtime.listener)
 
 
 async def drain_all(worker: OutboxWorker, rounds: int = 20, pause_s: float = 0.05) -> None:

@@ -1,9 +1,10 @@
 """The outbox worker: claim due jobs (SKIP LOCKED + lease), run them, end each one.
 
-Woken by LISTEN/NOTIFY on new jobs, by a periodic sweep (inactive users' sessions, expired
-leases, due retries), and by `kick(tenant, user)` when a user with pending work reads
-(so an active user's memories exist before the next turn). All three go through the same
-claim, so no job is ever processed twice at once.
+Woken by NOTIFY on new jobs (heard on the process's one LISTEN connection, subscribed to its
+outbox channel: storage/notifications.py), by a periodic sweep (inactive users' sessions,
+expired leases, due retries), and by `kick(tenant, user)` when a user with pending work
+reads (so an active user's memories exist before the next turn). All three go through the
+same claim, so no job is ever processed twice at once.
 
 Every attempt ends one of three ways (ingest.failures): done; retry, due again after an
 exponential backoff with full jitter (a transient failure); or abort, dead at once (a
@@ -36,17 +37,15 @@ from memsvc.observability import metrics, tracing
 from memsvc.storage import outbox
 from memsvc.storage.connection import Connection
 from memsvc.storage.errors import DATABASE_DOWN
+from memsvc.storage.notifications import ChangeListener
 from memsvc.storage.outbox import Job
 
 log = logging.getLogger(__name__)
 
 CHANNEL = "memsvc_outbox"
 
-# The listener's reconnect delays (seconds): exponential from the first, capped.
 # Users with announced work a worker remembers for its read kicks (a set of short strings).
 MAX_ANNOUNCED = 100_000
-_LISTEN_BACKOFF_BASE_S = 0.5
-_LISTEN_BACKOFF_MAX_S = 10.0
 
 
 class JobGone(Exception):
@@ -89,14 +88,15 @@ class OutboxWorker:
         pipeline: ExtractionPipeline,
         settings: WorkerSettings,
         *,
-        dsn: str,
+        listener: ChangeListener,
         worker_id: str | None = None,
         periodic: Callable[[], Awaitable[object]] | None = None,
     ) -> None:
         self._pool = pool
         self._pipeline = pipeline
         self._settings = settings
-        self._dsn = dsn
+        self._listener = listener
+        self._unsubscribe: Callable[[], None] | None = None
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
         self._periodic = periodic
         self._wake = asyncio.Event()
@@ -109,7 +109,6 @@ class OutboxWorker:
         # anyone else kicks nothing (a claim statement per read, for nobody's work, doubled
         # the database's load under a burst of reads). Unknown while it is not connected.
         self._announced: set[str] = set()
-        self._listening = False
         # When the set last overflowed (it is then cleared): kicks are not selective for a
         # sweep interval, after which the loop has claimed whatever was due then.
         self._overflowed_at = -math.inf
@@ -121,13 +120,25 @@ class OutboxWorker:
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._spawn(self._listen(), self._tasks)
+        # Jobs may have arrived while nobody listened: a reconnect wakes the loop.
+        self._unsubscribe = self._listener.subscribe_channel(
+            CHANNEL, self._on_announced, on_reconnect=self._wake.set
+        )
+        self._listener.start()
         self._spawn(self._loop(), self._tasks)
+
+    @property
+    def _listening(self) -> bool:
+        """Whether announcements are heard now (the process's listener is connected)."""
+        return self._unsubscribe is not None and self._listener.listening.is_set()
 
     async def stop(self, grace_s: float) -> None:
         """Stop claiming; let running jobs finish within the grace period; give back the rest."""
         self._stopping.set()
         self._wake.set()
+        unsubscribe, self._unsubscribe = self._unsubscribe, None
+        if unsubscribe is not None:
+            unsubscribe()
         if self._jobs:
             _, pending = await asyncio.wait(set(self._jobs), timeout=grace_s)
             for task in pending:
@@ -250,48 +261,13 @@ class OutboxWorker:
         recent = time.monotonic() - self._overflowed_at < self._settings.sweep_interval_s
         return self._listening and not recent
 
-    def _on_announced(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
+    def _on_announced(self, payload: str) -> None:
         if len(self._announced) >= MAX_ANNOUNCED:
             # Never unbounded: start again from nothing, kicking every reader for a while.
             self._announced.clear()
             self._overflowed_at = time.monotonic()
-        self._announced.add(str(payload))
+        self._announced.add(payload)
         self._wake.set()
-
-    async def _listen(self) -> None:
-        """LISTEN for new jobs on a dedicated connection; reconnect with backoff when it drops."""
-        failures = 0
-        while not self._stopping.is_set():
-            conn: Connection | None = None
-            try:
-                conn = await asyncpg.connect(
-                    self._dsn,
-                    timeout=self._settings.acquire_timeout_s,
-                    command_timeout=self._settings.statement_timeout_s,
-                )
-                lost = asyncio.Event()
-                conn.add_termination_listener(lambda _c, lost=lost: lost.set())
-                await conn.add_listener(CHANNEL, self._on_announced)
-                failures = 0
-                self._listening = True
-                # Jobs may have arrived while we were not listening.
-                self._wake.set()
-                await lost.wait()
-            except DATABASE_DOWN as exc:
-                log.info("outbox listener unavailable (%s); retrying", type(exc).__name__)
-            finally:
-                self._listening = False
-                if conn is not None and not conn.is_closed():
-                    await conn.close(timeout=2)
-            failures += 1
-            await asyncio.sleep(
-                backoff_delay(
-                    failures,
-                    base=_LISTEN_BACKOFF_BASE_S,
-                    cap=_LISTEN_BACKOFF_MAX_S,
-                    random_unit=self._rng.random(),
-                )
-            )
 
     # -- claiming and running ------------------------------------------------------------------
 

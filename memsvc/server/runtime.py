@@ -315,7 +315,8 @@ class Runtime:
         # The change stream (WatchMemories); its LISTEN connection opens with the first
         # stream and closes before the pool.
         assert settings.pg_dsn is not None
-        # The process's one LISTEN connection: the change stream's and the packet warmer's.
+        # The process's one LISTEN connection: the change stream's, the packet warmer's, the
+        # outbox worker's and the API keys' revocations.
         self.listener = ChangeListener(
             settings.pg_dsn,
             connect_timeout_s=acquire_timeout_s,
@@ -359,7 +360,7 @@ class Runtime:
                 self.pool,
                 self.pipeline,
                 worker_settings(settings),
-                dsn=settings.pg_dsn,
+                listener=self.listener,
                 periodic=lambda: reconcile_once(
                     self.pool,
                     MeasuredEmbedder(self.pipeline_embedder, "reconcile"),

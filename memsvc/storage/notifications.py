@@ -8,7 +8,8 @@ dedicated connection per process LISTENs and calls each subscriber's ``on_user(t
 user)``; it reconnects with backoff when it drops and then calls each ``on_reconnect()``
 (changes may have committed while nobody listened). Subscribers: WatchMemories' change
 stream (memories/watch.py) and the packet warmer (prefetch/warmer.py); ``subscribe_channel``
-takes the raw payloads of another channel. Callbacks run on the event loop and must not block.
+takes the raw payloads of another channel (the outbox worker's new jobs: ingest/worker.py).
+Callbacks run on the event loop and must not block.
 """
 
 from __future__ import annotations
@@ -85,6 +86,8 @@ class ChangeListener:
         subscriber = _Subscriber(channel, on_payload, on_reconnect)
         self._subscribers.append(subscriber)
         if channel not in self._channels_listened and self._conn is not None:
+            # Not listening to everything until the reconnect: say so at once.
+            self.listening.clear()
             self._conn.terminate()
 
         def unsubscribe() -> None:
