@@ -163,12 +163,12 @@ async def seed_episode(
 TEST_MARGIN_MS = 50
 
 
-class SlowEmbedder:
-    """The real embedder, answering only after ``delay_s`` (an overloaded model server)."""
+class WrappedEmbedder:
+    """The real embedder (the session's, which it leaves open), for a test to hold or slow
+    down: subclasses override :meth:`embed` and call it."""
 
-    def __init__(self, inner: Embedder, delay_s: float) -> None:
+    def __init__(self, inner: Embedder) -> None:
         self._inner = inner
-        self._delay_s = delay_s
 
     @property
     def model_id(self) -> str:
@@ -181,11 +181,24 @@ class SlowEmbedder:
     async def embed(
         self, texts: Sequence[str], *, timeout_s: float | None = None
     ) -> npt.NDArray[np.float32]:
-        await asyncio.sleep(self._delay_s)
         return await self._inner.embed(texts, timeout_s=timeout_s)
 
     async def aclose(self) -> None:
         """The wrapped embedder belongs to the session."""
+
+
+class SlowEmbedder(WrappedEmbedder):
+    """The real embedder, answering only after ``delay_s`` (an overloaded model server)."""
+
+    def __init__(self, inner: Embedder, delay_s: float) -> None:
+        super().__init__(inner)
+        self._delay_s = delay_s
+
+    async def embed(
+        self, texts: Sequence[str], *, timeout_s: float | None = None
+    ) -> npt.NDArray[np.float32]:
+        await asyncio.sleep(self._delay_s)
+        return await super().embed(texts, timeout_s=timeout_s)
 
 
 StartServer = Callable[..., Awaitable[tuple[MemsvcServer, grpc.aio.Channel]]]

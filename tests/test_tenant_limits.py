@@ -20,7 +20,7 @@ from memsvc.server.admission import Bucket, TenantLimits, take_token
 from memsvc.server.app import MemsvcServer
 from memsvc.v1 import memory_pb2 as pb
 from tests.conftest import Caller
-from tests.read_helpers import StartServer, stub_for
+from tests.read_helpers import StartServer, WrappedEmbedder, stub_for
 from tests.read_helpers import start_server as start_server  # fixture
 
 LIST = pb.ListMemoriesRequest(scope=pb.Scope(user_id="alice"))
@@ -153,32 +153,21 @@ async def test_a_tenant_over_its_rate_is_told_when_to_retry(
         await stub_for(ch, other).ListMemories(LIST)
 
 
-class GatedEmbedder:
+class GatedEmbedder(WrappedEmbedder):
     """The real embedder, held at a gate the test opens: a call stays in flight for as long
     as the test needs, without any timing."""
 
     def __init__(self, inner: Embedder) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self.entered = asyncio.Event()
         self.release = asyncio.Event()
-
-    @property
-    def model_id(self) -> str:
-        return self._inner.model_id
-
-    @property
-    def dimension(self) -> int:
-        return self._inner.dimension
 
     async def embed(
         self, texts: Sequence[str], *, timeout_s: float | None = None
     ) -> npt.NDArray[np.float32]:
         self.entered.set()
         await self.release.wait()
-        return await self._inner.embed(texts, timeout_s=timeout_s)
-
-    async def aclose(self) -> None:
-        """The wrapped embedder belongs to the session."""
+        return await super().embed(texts, timeout_s=timeout_s)
 
 
 @pytest.fixture

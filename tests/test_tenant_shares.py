@@ -26,7 +26,7 @@ from memsvc.storage import pool as pool_module
 from memsvc.storage.model import Scope
 from memsvc.v1 import memory_pb2 as pb
 from tests.conftest import Caller
-from tests.read_helpers import StartServer, pscope, stub_for
+from tests.read_helpers import StartServer, WrappedEmbedder, pscope, stub_for
 from tests.read_helpers import start_server as start_server  # fixture
 from tests.test_export import export_sessions
 from tests.test_export import seed_messages as seed_batch
@@ -224,22 +224,14 @@ async def test_a_watch_stream_ends_at_its_longest_and_says_so(
 # -- read slots -----------------------------------------------------------------------------
 
 
-class HeldQueries:
+class HeldQueries(WrappedEmbedder):
     """The real embedder, except that a text containing ``HOLD`` waits for the test to let it
     go: a read stays in flight as long as the test needs, without any timing."""
 
     def __init__(self, inner: Embedder) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self.entered = 0
         self.release = asyncio.Event()
-
-    @property
-    def model_id(self) -> str:
-        return self._inner.model_id
-
-    @property
-    def dimension(self) -> int:
-        return self._inner.dimension
 
     async def embed(
         self, texts: Sequence[str], *, timeout_s: float | None = None
@@ -247,10 +239,7 @@ class HeldQueries:
         if any("HOLD" in text for text in texts):
             self.entered += 1
             await self.release.wait()
-        return await self._inner.embed(texts, timeout_s=timeout_s)
-
-    async def aclose(self) -> None:
-        """The wrapped embedder belongs to the session."""
+        return await super().embed(texts, timeout_s=timeout_s)
 
 
 @pytest.fixture
