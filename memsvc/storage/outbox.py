@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import asyncpg
 import orjson
 
 from memsvc.storage.connection import Connection
@@ -240,20 +241,9 @@ async def claim_by_user(
     another worker claimed meanwhile simply yields nothing here.
     """
     users = await conn.fetch(_DUE_USERS, limit * _DUE_USERS_SPARE, timeout=timeout_s)
-    jobs: list[Job] = []
-    for user in users:
-        if len(jobs) >= limit:
-            break
-        jobs += await claim(
-            conn,
-            worker_id=worker_id,
-            lease_s=lease_s,
-            limit=limit - len(jobs),
-            tenant_id=user["tenant_id"],
-            user_id=user["user_id"],
-            timeout_s=timeout_s,
-        )
-    return jobs
+    return await _claim_each(
+        conn, users, worker_id=worker_id, lease_s=lease_s, limit=limit, timeout_s=timeout_s
+    )
 
 
 async def claim_fairly(
@@ -273,15 +263,39 @@ async def claim_fairly(
     users = await conn.fetch(
         _FAIR_DUE_USERS, limit * _DUE_USERS_SPARE, max_per_tenant, timeout=timeout_s
     )
+    return await _claim_each(
+        conn,
+        users,
+        worker_id=worker_id,
+        lease_s=lease_s,
+        limit=limit,
+        per_user=1,
+        timeout_s=timeout_s,
+    )
+
+
+async def _claim_each(
+    conn: Connection,
+    users: list[asyncpg.Record],
+    *,
+    worker_id: str,
+    lease_s: float,
+    limit: int,
+    per_user: int | None = None,
+    timeout_s: float | None,
+) -> list[Job]:
+    """Claim the due jobs of ``users`` in their order, one user at a time with claim()'s
+    per-user statement, until ``limit`` (``per_user``: at most that many of each)."""
     jobs: list[Job] = []
     for user in users:
         if len(jobs) >= limit:
             break
+        left = limit - len(jobs)
         jobs += await claim(
             conn,
             worker_id=worker_id,
             lease_s=lease_s,
-            limit=1,
+            limit=left if per_user is None else min(per_user, left),
             tenant_id=user["tenant_id"],
             user_id=user["user_id"],
             timeout_s=timeout_s,
