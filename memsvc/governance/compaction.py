@@ -42,7 +42,6 @@ import numpy as np
 
 from memsvc.embedding import Embedder, EmbeddingError
 from memsvc.errors import InvalidArgument
-from memsvc.extraction.base import ExtractionError
 from memsvc.governance import trust
 from memsvc.observability import metrics
 from memsvc.storage import core as store
@@ -291,9 +290,10 @@ class CoreCompactor:
                 text = await self._summarizer.summarize_core(
                     [r.content for r in chosen], max_chars=room, timeout_s=timeout_s
                 )
-        except (TimeoutError, ExtractionError) as exc:
-            # The model was late or unreachable: plain demotion. Anything else is a bug and
-            # fails the write (a Remember answers INTERNAL; an extraction job is aborted).
+        except TimeoutError as exc:
+            # The model was late: plain demotion (a summarizer answers None when it cannot,
+            # unreachable included). Anything else is a bug and fails the write (a Remember
+            # answers INTERNAL; an extraction job is aborted).
             log.warning("core summary failed, demoting instead: %s", type(exc).__name__)
             text = None
         text = normalize_content(text or "")
