@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, Self
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Self, TypeVar
 
 from annotated_types import Ge, Gt, Le
 from pydantic import (
@@ -26,6 +27,9 @@ from pydantic_settings import (
     PydanticBaseSettingsSource,
     SettingsConfigDict,
 )
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 DEFAULT_CATEGORIES = ("preference", "profile", "relationship", "goal", "event", "context")
 DEFAULT_ROLES = ("core", "context", "detail", "temporal", "causal")
@@ -908,3 +912,37 @@ def _env_settings() -> tuple[EnvSetting, ...]:
 # Every field, in declaration order: what from_env reads and docs/reference/configuration.md lists.
 ENV_SETTINGS = _env_settings()
 _VARIABLES = frozenset(spec.variable for spec in ENV_SETTINGS)
+
+
+# The services' config dataclasses (RecallConfig, WorkerSettings, ...) take their values from
+# Settings by name, so a new setting is declared here and on the one field that uses it:
+#     rrf_k: int = field(metadata=from_setting("rrf_k"))
+#     service_config(settings, RecallConfig, leg_weights=...)   # only what is derived
+_SETTING = "memsvc.setting"
+Config = TypeVar("Config", bound="DataclassInstance")
+
+
+def from_setting(name: str) -> Mapping[str, str]:
+    """The metadata of a config field that takes the setting ``name``; a setting in
+    milliseconds fills a field in seconds."""
+    if name not in Settings.model_fields:
+        raise TypeError(f"from_setting: Settings has no field {name!r}")
+    return {_SETTING: name}
+
+
+def service_config(settings: Settings, cls: type[Config], **derived: Any) -> Config:
+    """``cls`` built from ``settings``: each field marked from_setting(name) takes that
+    setting (``_ms`` into ``_s``: divided by 1000); ``derived`` gives the fields computed from
+    several settings, the rest keep their defaults."""
+    values = dict(derived)
+    for f in dataclasses.fields(cls):
+        name = f.metadata.get(_SETTING)
+        if name is None:
+            continue
+        value = getattr(settings, name)
+        if name.endswith("_ms"):
+            if not f.name.endswith("_s"):
+                raise TypeError(f"{cls.__name__}.{f.name}: {name} is in ms; the field in s")
+            value = value / 1000
+        values[f.name] = value
+    return cls(**values)

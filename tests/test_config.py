@@ -4,6 +4,7 @@ tests/test_docs.py.)"""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -14,7 +15,15 @@ from typing import Any
 import pytest
 
 from memsvc import cli
-from memsvc.config import ENV_SETTINGS, ConfigError, Settings, env_name
+from memsvc.config import ENV_SETTINGS, ConfigError, Settings, env_name, service_config
+from memsvc.export.importer import ImportConfig
+from memsvc.export.service import ExportConfig
+from memsvc.governance.expiry import ExpirySettings
+from memsvc.memories.watch import WatchConfig
+from memsvc.prefetch.service import PrefetchConfig
+from memsvc.prefetch.warmer import WarmConfig
+from memsvc.retrieval.recall import RecallConfig
+from memsvc.server.runtime import pipeline_settings, worker_settings
 
 # Values for the fields a plain one would not pass validation for (a vocabulary, a choice).
 SAMPLES: dict[str, tuple[str, Any]] = {
@@ -167,3 +176,30 @@ def test_memsvc_dev_fails_fast_on_a_bad_pii_policy(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "configuration error: MEMSVC_PII_POLICY: unknown action 'keep'" in done.stderr
     assert not (tmp_path / "data").exists()  # no embedded server was started
+
+
+# Each service's config, as the runtime builds it from Settings.
+SERVICE_CONFIGS: dict[str, Any] = {
+    "RecallConfig": RecallConfig.from_settings,
+    "PrefetchConfig": PrefetchConfig.from_settings,
+    "PipelineSettings": pipeline_settings,
+    "WorkerSettings": worker_settings,
+    "ExpirySettings": lambda s: service_config(s, ExpirySettings),
+    "ImportConfig": lambda s: service_config(s, ImportConfig),
+    "ExportConfig": lambda s: service_config(s, ExportConfig),
+    "WatchConfig": lambda s: service_config(s, WatchConfig),
+    "WarmConfig": lambda s: service_config(s, WarmConfig),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SERVICE_CONFIGS))
+def test_service_configs_take_their_settings_by_name(name: str) -> None:
+    build = SERVICE_CONFIGS[name]
+    marked = [f for f in dataclasses.fields(build(Settings())) if "memsvc.setting" in f.metadata]
+    assert marked, name
+    for f in marked:
+        setting = f.metadata["memsvc.setting"]
+        _, value = _sample(setting, getattr(Settings(), setting))
+        config = build(Settings().with_overrides(**{setting: value}))
+        expected = value / 1000 if setting.endswith("_ms") else value
+        assert getattr(config, f.name) == expected, (name, f.name, setting)
