@@ -842,7 +842,7 @@ class Settings(BaseSettings):
                 raise ConfigError(f"{env_name(name)} must exceed MEMSVC_DEADLINE_MARGIN_MS")
 
 
-def _number(value: float) -> str:
+def _number(value: object) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
@@ -855,12 +855,12 @@ def _bound_broken(field: FieldInfo, value: Any) -> str:
     lower = next((m for m in reversed(field.metadata) if isinstance(m, Ge | Gt)), None)
     upper = next((m.le for m in field.metadata if isinstance(m, Le)), None)
     if isinstance(lower, Ge):
-        low = _number(lower.ge)  # type: ignore[arg-type]
+        low = _number(lower.ge)
         return f"must be at least {low}" if upper is None else f"must be within {low}..{upper}"
     if isinstance(lower, Gt):
         if upper is None:
             return "must be positive" if lower.gt == 0 else f"must be above {lower.gt}"
-        return f"must be in ({_number(lower.gt)}, {_number(upper)}]"  # type: ignore[arg-type]
+        return f"must be in ({_number(lower.gt)}, {_number(upper)}]"
     return f"must be at most {upper}"
 
 

@@ -117,6 +117,15 @@ def test_booleans_and_empty_values() -> None:
     assert Settings.from_env({"MEMSVC_AUTH_ENABLED": "", "MEMSVC_GRPC_PORT": " "}) == Settings()
 
 
+def test_only_from_env_reads_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Settings(...) is what the call says, whatever the process's environment holds.
+    monkeypatch.setenv("MEMSVC_GRPC_PORT", "1234")
+    assert Settings().grpc_port == 50051
+    assert Settings.from_env(os.environ).grpc_port == 1234
+    # A variable is its exact name: no other spelling sets the field.
+    assert Settings.from_env({"memsvc_grpc_port": "1", "MEMSVC_Grpc_Port": "2"}) == Settings()
+
+
 def test_limits_without_a_variable_before_are_checked() -> None:
     assert Settings.from_env({"MEMSVC_RECALL_MAX_TOP_K": "5"}).recall_default_top_k == 5
     with pytest.raises(ConfigError, match="MEMSVC_RECALL_DEFAULT_TOP_K"):
