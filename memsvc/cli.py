@@ -353,13 +353,13 @@ def main(argv: list[str] | None = None) -> int:
                 auth_enabled=auth,
                 processes=args.processes,
             )
-            settings.validate()
+            settings.check()
             return _run_dev(settings, args.log_level)
         elif args.command == "serve":
             settings = settings.with_overrides(
                 grpc_port=args.port, grpc_host=args.host, processes=args.processes
             )
-            settings.validate()
+            settings.check()
             _require_external(settings)
             return _serve(settings, args.log_level, metrics_any_port_if_taken=False)
         elif args.command == "worker":

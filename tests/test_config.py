@@ -15,7 +15,16 @@ from typing import Any
 import pytest
 
 from memsvc import cli
-from memsvc.config import ENV_SETTINGS, ConfigError, Settings, env_name
+from memsvc.config import ENV_SETTINGS, ConfigError, Settings, env_name, service_config
+from memsvc.export.importer import ImportConfig
+from memsvc.export.service import ExportConfig
+from memsvc.governance.expiry import ExpirySettings
+from memsvc.memories.watch import WatchConfig
+from memsvc.overload.load import LoadLimits
+from memsvc.prefetch.service import PrefetchConfig
+from memsvc.prefetch.warmer import WarmConfig
+from memsvc.retrieval.recall import RecallConfig
+from memsvc.server.runtime import pipeline_settings, worker_settings
 
 # Values for the fields a plain one would not pass validation for (a vocabulary, a choice).
 SAMPLES: dict[str, tuple[str, Any]] = {
@@ -62,9 +71,9 @@ def test_every_field_is_set_by_its_own_variable(spec: Any) -> None:
     assert getattr(changed, spec.field) == expected
     # Only that field (and a lower limit that follows a smaller upper one) moved.
     moved = {
-        f.name
-        for f in dataclasses.fields(Settings)
-        if getattr(changed, f.name) != getattr(Settings(), f.name)
+        name
+        for name in Settings.model_fields
+        if getattr(changed, name) != getattr(Settings(), name)
     }
     assert moved - {spec.field} <= {
         "pg_pool_min",
@@ -75,7 +84,7 @@ def test_every_field_is_set_by_its_own_variable(spec: Any) -> None:
 
 
 def test_the_variables_are_those_of_the_fields() -> None:
-    assert [s.field for s in ENV_SETTINGS] == [f.name for f in dataclasses.fields(Settings)]
+    assert [s.field for s in ENV_SETTINGS] == list(Settings.model_fields)
     # Names the old hand-kept table had, read the same as ever.
     for name in ("MEMSVC_PG_DSN", "MEMSVC_RRF_K", "MEMSVC_PII_PHONE_REGIONS", "MEMSVC_ROUTING"):
         assert name in {s.variable for s in ENV_SETTINGS}
@@ -109,6 +118,15 @@ def test_booleans_and_empty_values() -> None:
     assert Settings.from_env({"MEMSVC_AUTH_ENABLED": "", "MEMSVC_GRPC_PORT": " "}) == Settings()
 
 
+def test_only_from_env_reads_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Settings(...) is what the call says, whatever the process's environment holds.
+    monkeypatch.setenv("MEMSVC_GRPC_PORT", "1234")
+    assert Settings().grpc_port == 50051
+    assert Settings.from_env(os.environ).grpc_port == 1234
+    # A variable is its exact name: no other spelling sets the field.
+    assert Settings.from_env({"memsvc_grpc_port": "1", "MEMSVC_Grpc_Port": "2"}) == Settings()
+
+
 def test_limits_without_a_variable_before_are_checked() -> None:
     assert Settings.from_env({"MEMSVC_RECALL_MAX_TOP_K": "5"}).recall_default_top_k == 5
     with pytest.raises(ConfigError, match="MEMSVC_RECALL_DEFAULT_TOP_K"):
@@ -125,7 +143,7 @@ def test_limits_without_a_variable_before_are_checked() -> None:
 
 
 def test_secrets_never_in_repr() -> None:
-    secret = {f.name for f in dataclasses.fields(Settings) if not f.repr}
+    secret = {name for name, field in Settings.model_fields.items() if not field.repr}
     assert secret == {"pg_dsn", "redis_url", "openai_api_key", "openai_chat_api_key"}
     settings = Settings.from_env({env_name(name): f"s3cret-{name}" for name in secret})
     assert "s3cret" not in repr(settings) and "s3cret" not in str(settings)
@@ -168,3 +186,31 @@ def test_memsvc_dev_fails_fast_on_a_bad_pii_policy(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "configuration error: MEMSVC_PII_POLICY: unknown action 'keep'" in done.stderr
     assert not (tmp_path / "data").exists()  # no embedded server was started
+
+
+# Each service's config, as the runtime builds it from Settings.
+SERVICE_CONFIGS: dict[str, Any] = {
+    "RecallConfig": RecallConfig.from_settings,
+    "PrefetchConfig": PrefetchConfig.from_settings,
+    "PipelineSettings": pipeline_settings,
+    "WorkerSettings": worker_settings,
+    "ExpirySettings": lambda s: service_config(s, ExpirySettings),
+    "ImportConfig": lambda s: service_config(s, ImportConfig),
+    "ExportConfig": lambda s: service_config(s, ExportConfig),
+    "WatchConfig": lambda s: service_config(s, WatchConfig),
+    "WarmConfig": lambda s: service_config(s, WarmConfig),
+    "LoadLimits": LoadLimits.from_settings,
+}
+
+
+@pytest.mark.parametrize("name", sorted(SERVICE_CONFIGS))
+def test_service_configs_take_their_settings_by_name(name: str) -> None:
+    build = SERVICE_CONFIGS[name]
+    marked = [f for f in dataclasses.fields(build(Settings())) if "memsvc.setting" in f.metadata]
+    assert marked, name
+    for f in marked:
+        setting = f.metadata["memsvc.setting"]
+        _, value = _sample(setting, getattr(Settings(), setting))
+        config = build(Settings().with_overrides(**{setting: value}))
+        expected = value / 1000 if setting.endswith("_ms") else value
+        assert getattr(config, f.name) == expected, (name, f.name, setting)

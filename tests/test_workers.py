@@ -342,7 +342,7 @@ async def test_reads_kick_only_users_whose_work_was_announced(new_caller, server
 
 @pytest.fixture
 async def server_with_worker(settings: Settings, embedder: Embedder) -> AsyncIterator[MemsvcServer]:
-    s = dataclasses.replace(settings, worker_sweep_interval_s=300.0)
+    s = settings.with_overrides(worker_sweep_interval_s=300.0)
     srv = MemsvcServer(s, embedder=embedder, with_worker=True)
     await srv.start()
     try:
@@ -385,7 +385,7 @@ async def test_one_users_jobs_follow_each_other_at_once(caller: Caller, server_w
 
 
 async def test_quota_skips_new_facts_but_never_reinforcements(caller: Caller, server) -> None:  # type: ignore[no-untyped-def]
-    limited = dataclasses.replace(server.settings, daily_fact_quota=2)
+    limited = server.settings.with_overrides(daily_fact_quota=2)
     worker = make_worker(server, RulesExtractor(), settings=limited)
     await ingest(caller, [msg("alice", "I love tea."), msg("alice", "I love jazz.")])
     await worker.drain()

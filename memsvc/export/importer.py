@@ -33,6 +33,7 @@ import orjson
 
 from memsvc.cache.invalidation import PacketInvalidator
 from memsvc.concurrency.deadline import Budget
+from memsvc.config import from_setting
 from memsvc.embedding import Embedder, EmbeddingError
 from memsvc.errors import InvalidArgument
 from memsvc.export import parse
@@ -67,12 +68,13 @@ KINDS = ("memory", "episode", "topic", "message", "core_block")
 
 @dataclass(frozen=True)
 class ImportConfig:
-    acquire_timeout_s: float
-    embed_timeout_s: float
-    embed_batch: int
+    acquire_timeout_s: float = field(metadata=from_setting("pg_acquire_timeout_ms"))
+    # Batches of many texts: the background bound, not one query's.
+    embed_timeout_s: float = field(metadata=from_setting("worker_embed_timeout_s"))
+    embed_batch: int = field(metadata=from_setting("import_embed_batch"))
     # This server's closed vocabularies: a record outside them is refused, as Remember would.
-    categories: tuple[str, ...] = ()
-    roles: tuple[str, ...] = ()
+    categories: tuple[str, ...] = field(default=(), metadata=from_setting("categories"))
+    roles: tuple[str, ...] = field(default=(), metadata=from_setting("roles"))
     # Remember's and Ingest's length limits (MEMSVC_MAX_CONTENT_CHARS, _MAX_MESSAGE_CHARS).
     limits: RecordLimits = field(
         default_factory=lambda: RecordLimits(max_content_chars=2_000, max_message_chars=8_000)

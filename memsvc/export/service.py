@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import asyncpg
 
 from memsvc.concurrency.deadline import Budget
 from memsvc.concurrency.shares import TenantSlots
+from memsvc.config import from_setting
 from memsvc.errors import DeadlineExceeded, Unavailable
 from memsvc.export import encode
 from memsvc.observability import metrics
@@ -43,11 +44,13 @@ class ExportRecord:
 
 @dataclass(frozen=True)
 class ExportConfig:
-    batch_rows: int
-    max_in_flight: int
-    acquire_timeout_s: float
-    fetch_timeout_s: float
-    max_in_flight_per_tenant: int = 0
+    batch_rows: int = field(metadata=from_setting("export_batch_rows"))
+    max_in_flight: int = field(metadata=from_setting("export_max_in_flight"))
+    acquire_timeout_s: float = field(metadata=from_setting("pg_acquire_timeout_ms"))
+    fetch_timeout_s: float = field(metadata=from_setting("pg_command_timeout_ms"))
+    max_in_flight_per_tenant: int = field(
+        default=0, metadata=from_setting("export_max_in_flight_per_tenant")
+    )
 
 
 class ExportService:

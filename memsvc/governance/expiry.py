@@ -22,12 +22,12 @@ import contextlib
 import logging
 import random
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import asyncpg
 
 from memsvc.cache.invalidation import PacketInvalidator
-from memsvc.config import WORKER_ACQUIRE_TIMEOUT_S
+from memsvc.config import WORKER_ACQUIRE_TIMEOUT_S, from_setting
 from memsvc.observability import metrics
 from memsvc.storage import changes, citus, retention
 from memsvc.storage.errors import DATABASE_DOWN
@@ -41,12 +41,16 @@ _INVALIDATE_CONCURRENCY = 32
 
 @dataclass(frozen=True)
 class ExpirySettings:
-    interval_s: float = 60.0
-    batch: int = 500
+    interval_s: float = field(default=60.0, metadata=from_setting("expiry_interval_s"))
+    batch: int = field(default=500, metadata=from_setting("expiry_batch"))
     # MEMSVC_WORKER_ACQUIRE_TIMEOUT_MS: longer than a call's wait for a connection.
-    acquire_timeout_s: float = WORKER_ACQUIRE_TIMEOUT_S
+    acquire_timeout_s: float = field(
+        default=WORKER_ACQUIRE_TIMEOUT_S, metadata=from_setting("worker_acquire_timeout_ms")
+    )
     # MEMSVC_CHANGES_RETENTION_S: how long the change stream keeps its entries.
-    changes_retention_s: float = 7 * 86400.0
+    changes_retention_s: float = field(
+        default=7 * 86400.0, metadata=from_setting("changes_retention_s")
+    )
 
 
 @dataclass

@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from memsvc.cache.invalidation import PacketInvalidator
-from memsvc.config import WORKER_ACQUIRE_TIMEOUT_S
+from memsvc.config import WORKER_ACQUIRE_TIMEOUT_S, from_setting
 from memsvc.embedding import Embedder, EmbeddingError
 from memsvc.extraction.base import (
     CandidateEpisode,
@@ -107,19 +107,23 @@ class Outcome:
 
 @dataclass(frozen=True)
 class PipelineSettings:
-    categories: tuple[str, ...]
-    roles: tuple[str, ...]
+    categories: tuple[str, ...] = field(metadata=from_setting("categories"))
+    roles: tuple[str, ...] = field(metadata=from_setting("roles"))
     thresholds: Thresholds = field(default_factory=Thresholds)
-    max_facts_per_episode: int = 50
-    daily_quota: int = 200
-    user_id_pattern: str = DEFAULT_USER_ID_PATTERN
+    max_facts_per_episode: int = field(default=50, metadata=from_setting("max_facts_per_episode"))
+    daily_quota: int = field(default=200, metadata=from_setting("daily_fact_quota"))
+    user_id_pattern: str = field(
+        default=DEFAULT_USER_ID_PATTERN, metadata=from_setting("user_id_pattern")
+    )
     nearest_k: int = 5
-    embed_timeout_s: float = 10.0
+    embed_timeout_s: float = field(default=10.0, metadata=from_setting("worker_embed_timeout_s"))
     goal_category: str = "goal"
     goal_role: str = "core"
     # MEMSVC_WORKER_ACQUIRE_TIMEOUT_MS, longer than a call's wait for a connection: a busy
     # pool is no reason to spend one of the job's attempts.
-    acquire_timeout_s: float = WORKER_ACQUIRE_TIMEOUT_S
+    acquire_timeout_s: float = field(
+        default=WORKER_ACQUIRE_TIMEOUT_S, metadata=from_setting("worker_acquire_timeout_ms")
+    )
 
 
 @dataclass

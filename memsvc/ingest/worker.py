@@ -24,12 +24,12 @@ import random
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import asyncpg
 
 from memsvc.concurrency.backoff import backoff_delay
-from memsvc.config import WORKER_ACQUIRE_TIMEOUT_S
+from memsvc.config import WORKER_ACQUIRE_TIMEOUT_S, from_setting
 from memsvc.ingest.failures import Failure, Verdict, classify
 from memsvc.ingest.payload import traceparent_of
 from memsvc.ingest.pipeline import ExtractionPipeline, Outcome
@@ -54,26 +54,28 @@ class JobGone(Exception):
 
 @dataclass(frozen=True)
 class WorkerSettings:
-    concurrency: int = 2
-    lease_s: float = 120.0
+    concurrency: int = field(default=2, metadata=from_setting("worker_concurrency"))
+    lease_s: float = field(default=120.0, metadata=from_setting("worker_lease_s"))
     # Well under the lease, so a live worker never loses a job it is still running.
-    job_timeout_s: float = 90.0
-    max_attempts: int = 5
-    backoff_base_s: float = 2.0
+    job_timeout_s: float = field(default=90.0, metadata=from_setting("worker_job_timeout_s"))
+    max_attempts: int = field(default=5, metadata=from_setting("worker_max_attempts"))
+    backoff_base_s: float = field(default=2.0, metadata=from_setting("worker_backoff_base_s"))
     backoff_max_s: float = 300.0
     # Share of each retry delay drawn at random (1.0: full jitter, anywhere below it).
     backoff_jitter: float = 1.0
-    sweep_interval_s: float = 15.0
-    reconcile_interval_s: float = 60.0
+    sweep_interval_s: float = field(default=15.0, metadata=from_setting("worker_sweep_interval_s"))
+    reconcile_interval_s: float = field(default=60.0, metadata=from_setting("reconcile_interval_s"))
     # Claims, final states and the listener (MEMSVC_WORKER_ACQUIRE_TIMEOUT_MS): longer than
     # a call's wait for a connection.
-    acquire_timeout_s: float = WORKER_ACQUIRE_TIMEOUT_S
-    statement_timeout_s: float = 5.0
+    acquire_timeout_s: float = field(
+        default=WORKER_ACQUIRE_TIMEOUT_S, metadata=from_setting("worker_acquire_timeout_ms")
+    )
+    statement_timeout_s: float = field(default=5.0, metadata=from_setting("pg_command_timeout_ms"))
     # Jobs one tenant may have running at once over every worker (0: no cap); claims go to
     # tenants turn by turn, fewest running first (outbox.claim_fairly).
-    max_jobs_per_tenant: int = 0
+    max_jobs_per_tenant: int = field(default=0, metadata=from_setting("worker_max_jobs_per_tenant"))
     # Slots of this worker kept for tenants with no job running (at most concurrency - 1).
-    reserved_slots: int = 0
+    reserved_slots: int = field(default=0, metadata=from_setting("worker_reserved_slots"))
     # How often a running job checks that it is still wanted (not deleted, not taken over):
     # when it is not, its work is cancelled, parsing included (0: never checks).
     job_check_s: float = 2.0

@@ -22,12 +22,13 @@ import contextlib
 import logging
 from collections import defaultdict
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import asyncpg
 
 from memsvc.concurrency.deadline import Budget
+from memsvc.config import from_setting
 from memsvc.errors import OutOfRange, ResourceExhausted
 from memsvc.observability import metrics
 from memsvc.storage import changes
@@ -47,12 +48,12 @@ UserKey = tuple[str, str]
 
 @dataclass(frozen=True)
 class WatchConfig:
-    max_streams: int
-    max_streams_per_tenant: int
-    poll_s: float
-    heartbeat_s: float
-    acquire_timeout_s: float
-    statement_timeout_s: float
+    max_streams: int = field(metadata=from_setting("watch_max_streams"))
+    max_streams_per_tenant: int = field(metadata=from_setting("watch_max_streams_per_tenant"))
+    poll_s: float = field(metadata=from_setting("watch_poll_s"))
+    heartbeat_s: float = field(metadata=from_setting("watch_heartbeat_s"))
+    acquire_timeout_s: float = field(metadata=from_setting("pg_acquire_timeout_ms"))
+    statement_timeout_s: float = field(metadata=from_setting("pg_command_timeout_ms"))
     # Changes read per statement (a subscriber far behind reads batch after batch).
     batch: int = 500
 

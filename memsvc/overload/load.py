@@ -18,9 +18,9 @@ builds the process's one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from memsvc.config import Settings
+from memsvc.config import Settings, from_setting, service_config
 from memsvc.overload import shed_log
 from memsvc.overload.core_queue import CoreQueue
 from memsvc.overload.cpu_busy import CpuBusy
@@ -35,24 +35,19 @@ class LoadLimits:
     """The thresholds of the overload rules (0: that rule is off)."""
 
     # Reads are refused while the event loop is later than this.
-    max_loop_lag_s: float = 0.0
+    max_loop_lag_s: float = field(default=0.0, metadata=from_setting("reads_max_loop_lag_ms"))
     # Busier than this machine-wide CPU share, reads embed nothing new and the read gate's
     # cap shrinks.
-    max_cpu_busy: float = 0.0
+    max_cpu_busy: float = field(default=0.0, metadata=from_setting("reads_max_cpu_busy"))
     # While the oldest call queued in front of the handlers has waited longer than this,
     # reads embed nothing new ...
-    degrade_queue_s: float = 0.0
+    degrade_queue_s: float = field(default=0.0, metadata=from_setting("reads_degrade_queue_ms"))
     # ... and longer than this, every read is refused.
-    refuse_queue_s: float = 0.0
+    refuse_queue_s: float = field(default=0.0, metadata=from_setting("reads_max_queue_ms"))
 
     @classmethod
     def from_settings(cls, settings: Settings) -> LoadLimits:
-        return cls(
-            max_loop_lag_s=settings.reads_max_loop_lag_ms / 1000,
-            max_cpu_busy=settings.reads_max_cpu_busy,
-            degrade_queue_s=settings.reads_degrade_queue_ms / 1000,
-            refuse_queue_s=settings.reads_max_queue_ms / 1000,
-        )
+        return service_config(settings, cls)
 
 
 class Load:

@@ -34,7 +34,7 @@ from memsvc.cache.packets import CacheDeadline, CacheStatus, CacheUnavailable, P
 from memsvc.concurrency.deadline import Budget
 from memsvc.concurrency.fanout import LegRunner, late
 from memsvc.concurrency.single_flight import SingleFlight
-from memsvc.config import Settings
+from memsvc.config import Settings, from_setting, service_config
 from memsvc.embedding import EmbeddingError
 from memsvc.embedding.base import EmbeddingTimeout
 from memsvc.errors import ResourceExhausted
@@ -88,34 +88,24 @@ MAX_EDGE_ROWS = 500
 
 @dataclass(frozen=True)
 class PrefetchConfig:
-    rrf_k: int
-    half_life_days: float
-    topics: int
-    episodes: int
-    facts: int
-    direct_facts: int
-    exact_max_rows: int
-    roles: tuple[str, ...]
-    embed_timeout_s: float
-    acquire_timeout_s: float
-    redis_timeout_s: float
+    rrf_k: int = field(metadata=from_setting("rrf_k"))
+    half_life_days: float = field(metadata=from_setting("half_life_days"))
+    topics: int = field(metadata=from_setting("prefetch_topics"))
+    episodes: int = field(metadata=from_setting("prefetch_episodes"))
+    facts: int = field(metadata=from_setting("prefetch_facts"))
+    direct_facts: int = field(metadata=from_setting("prefetch_direct_facts"))
+    exact_max_rows: int = field(metadata=from_setting("dense_exact_max_rows"))
+    roles: tuple[str, ...] = field(metadata=from_setting("roles"))
+    embed_timeout_s: float = field(metadata=from_setting("embed_timeout_ms"))
+    acquire_timeout_s: float = field(metadata=from_setting("pg_acquire_timeout_ms"))
+    redis_timeout_s: float = field(metadata=from_setting("redis_timeout_ms"))
     trust_policy: trust.TrustPolicy = field(default_factory=trust.TrustPolicy)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> PrefetchConfig:
-        return cls(
-            rrf_k=settings.rrf_k,
-            half_life_days=settings.half_life_days,
-            topics=settings.prefetch_topics,
-            episodes=settings.prefetch_episodes,
-            facts=settings.prefetch_facts,
-            direct_facts=settings.prefetch_direct_facts,
-            exact_max_rows=settings.dense_exact_max_rows,
-            roles=settings.roles,
-            embed_timeout_s=settings.embed_timeout_ms / 1000,
-            acquire_timeout_s=settings.pg_acquire_timeout_ms / 1000,
-            redis_timeout_s=settings.redis_timeout_ms / 1000,
-            trust_policy=trust.policy_from(settings.confidence_half_life_days),
+        """The fields marked from_setting, and the trust policy (derived)."""
+        return service_config(
+            settings, cls, trust_policy=trust.policy_from(settings.confidence_half_life_days)
         )
 
 

@@ -18,13 +18,14 @@ import asyncio
 import functools
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import asyncpg
 from redis.exceptions import RedisError
 
 from memsvc.cache.warm_shapes import WarmShapes
 from memsvc.concurrency.deadline import Budget
+from memsvc.config import from_setting
 from memsvc.observability import metrics
 from memsvc.prefetch.model import PrefetchQuery
 from memsvc.prefetch.service import PrefetchService
@@ -47,10 +48,10 @@ UserKey = tuple[str, str]
 
 @dataclass(frozen=True)
 class WarmConfig:
-    delay_s: float
-    budget_s: float
-    concurrency: int
-    acquire_timeout_s: float
+    delay_s: float = field(metadata=from_setting("prefetch_warm_delay_ms"))
+    budget_s: float = field(metadata=from_setting("prefetch_warm_budget_ms"))
+    concurrency: int = field(metadata=from_setting("prefetch_warm_concurrency"))
+    acquire_timeout_s: float = field(metadata=from_setting("pg_acquire_timeout_ms"))
     busy_wait_s: float = 1.0
 
 

@@ -22,7 +22,7 @@ import numpy.typing as npt
 
 from memsvc.concurrency.deadline import Budget
 from memsvc.concurrency.fanout import LegRunner, late
-from memsvc.config import Settings
+from memsvc.config import Settings, from_setting, service_config
 from memsvc.embedding.base import EmbeddingTimeout
 from memsvc.governance import trust
 from memsvc.observability import metrics, tracing
@@ -61,48 +61,41 @@ SHED_CANDIDATES = 3 * RELEVANCE_GATE_ITEMS
 
 @dataclass(frozen=True)
 class RecallConfig:
-    rrf_k: int
+    rrf_k: int = field(metadata=from_setting("rrf_k"))
     # Per-leg RRF weights (score = weight / (k + rank)).
     leg_weights: Mapping[str, float]
-    candidates: int
-    exact_max_rows: int
-    embed_timeout_s: float
-    acquire_timeout_s: float
-    roles: tuple[str, ...]
-    half_life_days: float
+    candidates: int = field(metadata=from_setting("recall_candidates"))
+    exact_max_rows: int = field(metadata=from_setting("dense_exact_max_rows"))
+    embed_timeout_s: float = field(metadata=from_setting("embed_timeout_ms"))
+    acquire_timeout_s: float = field(metadata=from_setting("pg_acquire_timeout_ms"))
+    roles: tuple[str, ...] = field(metadata=from_setting("roles"))
+    half_life_days: float = field(metadata=from_setting("half_life_days"))
     # Budgets up to this long (voice) do not wait for the embedding and the dense leg when
     # the lexical leg suffices (leg_policy); 0: always wait.
-    lexical_enough_below_s: float = 0.0
+    lexical_enough_below_s: float = field(
+        default=0.0, metadata=from_setting("recall_lexical_enough_below_ms")
+    )
     # On arrival, the query is embedded only when the embedder's queue is expected to clear
     # within this share of the budget; otherwise the answer comes from the lexical leg alone
     # (missing embed and dense, reason "overload"), at once instead of late.
-    embed_admit_share: float = 0.5
+    embed_admit_share: float = field(default=0.5, metadata=from_setting("recall_embed_admit_share"))
     # Legs still running after all but this share of the budget are stopped: the answer then
     # has that long to be fused, framed and sent, and on a saturated machine to wait for a
     # core on its way out and in the caller's process.
-    answer_headroom: float = 0.25
+    answer_headroom: float = field(default=0.25, metadata=from_setting("recall_answer_headroom"))
     # Query routing: the route's effects on the ordering (off: reported, but neutral).
-    routing: bool = True
+    routing: bool = field(default=True, metadata=from_setting("routing"))
     # The lexical leg weighs query words by their rarity in the scope (lexical.idf_cte).
-    lexical_idf: bool = False
+    lexical_idf: bool = field(default=False, metadata=from_setting("lexical_idf"))
     trust_policy: trust.TrustPolicy = field(default_factory=trust.TrustPolicy)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RecallConfig:
-        return cls(
-            rrf_k=settings.rrf_k,
+        """The fields marked from_setting, and those derived from several settings."""
+        return service_config(
+            settings,
+            cls,
             leg_weights={DENSE: settings.rrf_dense_weight, LEXICAL: settings.rrf_lexical_weight},
-            candidates=settings.recall_candidates,
-            exact_max_rows=settings.dense_exact_max_rows,
-            embed_timeout_s=settings.embed_timeout_ms / 1000,
-            acquire_timeout_s=settings.pg_acquire_timeout_ms / 1000,
-            roles=settings.roles,
-            half_life_days=settings.half_life_days,
-            lexical_enough_below_s=settings.recall_lexical_enough_below_ms / 1000,
-            embed_admit_share=settings.recall_embed_admit_share,
-            answer_headroom=settings.recall_answer_headroom,
-            routing=settings.routing,
-            lexical_idf=settings.lexical_idf,
             trust_policy=trust.policy_from(settings.confidence_half_life_days),
         )
 

@@ -15,7 +15,7 @@ from memsvc.cache.packets import PacketCache
 from memsvc.cache.warm_shapes import MAX_SHAPES as WARM_MAX_SHAPES
 from memsvc.cache.warm_shapes import WarmShapes
 from memsvc.concurrency.fanout import LegRunner
-from memsvc.config import ConfigError, Settings
+from memsvc.config import ConfigError, Settings, service_config
 from memsvc.embedding import Embedder
 from memsvc.embedding.factory import build_embedder
 from memsvc.embedding.measured import MeasuredEmbedder
@@ -88,36 +88,19 @@ def pii_defaults(settings: Settings) -> dict[str, str]:
 
 
 def pipeline_settings(settings: Settings) -> PipelineSettings:
-    return PipelineSettings(
-        acquire_timeout_s=settings.worker_acquire_timeout_ms / 1000,
-        categories=settings.categories,
-        roles=settings.roles,
+    return service_config(
+        settings,
+        PipelineSettings,
         thresholds=Thresholds(
             confidence_floor=settings.confidence_floor,
             dedup_upper=settings.dedup_upper,
             dedup_lower=settings.dedup_lower,
         ),
-        max_facts_per_episode=settings.max_facts_per_episode,
-        daily_quota=settings.daily_fact_quota,
-        user_id_pattern=settings.user_id_pattern,
-        embed_timeout_s=settings.worker_embed_timeout_s,
     )
 
 
 def worker_settings(settings: Settings) -> WorkerSettings:
-    return WorkerSettings(
-        acquire_timeout_s=settings.worker_acquire_timeout_ms / 1000,
-        concurrency=settings.worker_concurrency,
-        lease_s=settings.worker_lease_s,
-        job_timeout_s=settings.worker_job_timeout_s,
-        max_attempts=settings.worker_max_attempts,
-        backoff_base_s=settings.worker_backoff_base_s,
-        sweep_interval_s=settings.worker_sweep_interval_s,
-        reconcile_interval_s=settings.reconcile_interval_s,
-        statement_timeout_s=settings.pg_command_timeout_ms / 1000,
-        max_jobs_per_tenant=settings.worker_max_jobs_per_tenant,
-        reserved_slots=settings.worker_reserved_slots,
-    )
+    return service_config(settings, WorkerSettings)
 
 
 class Runtime:
@@ -289,13 +272,9 @@ class Runtime:
             MeasuredEmbedder(self.embedder, "import"),
             self.invalidator,
             self.guard,
-            ImportConfig(
-                acquire_timeout_s=acquire_timeout_s,
-                # Batches of many texts: the background bound, not one query's.
-                embed_timeout_s=settings.worker_embed_timeout_s,
-                embed_batch=settings.import_embed_batch,
-                categories=settings.categories,
-                roles=settings.roles,
+            service_config(
+                settings,
+                ImportConfig,
                 limits=RecordLimits(
                     max_content_chars=settings.max_content_chars,
                     max_message_chars=settings.max_message_chars,
@@ -304,13 +283,7 @@ class Runtime:
         )
         self.export = ExportService(
             self.pool,
-            ExportConfig(
-                batch_rows=settings.export_batch_rows,
-                max_in_flight=settings.export_max_in_flight,
-                max_in_flight_per_tenant=settings.export_max_in_flight_per_tenant,
-                acquire_timeout_s=acquire_timeout_s,
-                fetch_timeout_s=settings.pg_command_timeout_ms / 1000,
-            ),
+            service_config(settings, ExportConfig),
         )
         # The change stream (WatchMemories); its LISTEN connection opens with the first
         # stream and closes before the pool.
@@ -326,14 +299,7 @@ class Runtime:
         self.changes = ChangeStream(
             self.pool,
             self.listener,
-            WatchConfig(
-                max_streams=settings.watch_max_streams,
-                max_streams_per_tenant=settings.watch_max_streams_per_tenant,
-                poll_s=settings.watch_poll_s,
-                heartbeat_s=settings.watch_heartbeat_s,
-                acquire_timeout_s=acquire_timeout_s,
-                statement_timeout_s=settings.pg_command_timeout_ms / 1000,
-            ),
+            service_config(settings, WatchConfig),
         )
 
     async def _build_background(self, settings: Settings) -> None:
@@ -375,12 +341,7 @@ class Runtime:
         self.expiry = ExpiryTask(
             self.pool,
             self.invalidator,
-            ExpirySettings(
-                interval_s=settings.expiry_interval_s,
-                batch=settings.expiry_batch,
-                acquire_timeout_s=settings.worker_acquire_timeout_ms / 1000,
-                changes_retention_s=settings.changes_retention_s,
-            ),
+            service_config(settings, ExpirySettings),
         )
         if self._with_worker:
             self.expiry.start()
@@ -473,12 +434,7 @@ class Runtime:
                     max_shapes=WARM_MAX_SHAPES,
                 ),
                 self.listener,
-                WarmConfig(
-                    delay_s=settings.prefetch_warm_delay_ms / 1000,
-                    budget_s=settings.prefetch_warm_budget_ms / 1000,
-                    concurrency=settings.prefetch_warm_concurrency,
-                    acquire_timeout_s=settings.pg_acquire_timeout_ms / 1000,
-                ),
+                service_config(settings, WarmConfig),
             )
             # Started by the serving process (server/app.py), not by a worker-only one.
             self._stack.push_async_callback(self.warmer.stop)
