@@ -179,10 +179,7 @@ class MemoryClient:
         ``final_timeout`` or ``final_preset`` (default: the client's preset). ``timeout``:
         the whole stream's deadline (None: until closed). Not retried: a stream that failed
         raises, and the caller opens another (or recalls without it)."""
-        rid = request_id or new_request_id()
-        metadata = grpc.aio.Metadata((REQUEST_ID_HEADER, rid))
-        if self._api_key is not None:
-            metadata.add(API_KEY_HEADER, self._api_key)
+        rid, metadata = self._metadata(request_id)
         span = tracing.stream_span("RecallStream")
         tracing.inject(metadata, span)
         first = pb.RecallStreamRequest()
@@ -289,10 +286,7 @@ class MemoryClient:
         discard them and call again (an export always restarts from the beginning)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s(self._default_preset, timeout)
-        rid = request_id or new_request_id()
-        metadata = grpc.aio.Metadata((REQUEST_ID_HEADER, rid))
-        if self._api_key is not None:
-            metadata.add(API_KEY_HEADER, self._api_key)
+        rid, metadata = self._metadata(request_id)
         attempt = 0
         while True:
             attempt += 1
@@ -341,10 +335,7 @@ class MemoryClient:
         the retry policy's max_backoff_ms: about 10 s of outage by default)."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
-        rid = request_id or new_request_id()
-        metadata = grpc.aio.Metadata((REQUEST_ID_HEADER, rid))
-        if self._api_key is not None:
-            metadata.add(API_KEY_HEADER, self._api_key)
+        rid, metadata = self._metadata(request_id)
         resume = pb.WatchMemoriesRequest()
         resume.CopyFrom(request)
         # Failed attempts since the last message received.
@@ -448,10 +439,7 @@ class MemoryClient:
 
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        rid = request_id or new_request_id()
-        metadata = grpc.aio.Metadata((REQUEST_ID_HEADER, rid))
-        if self._api_key is not None:
-            metadata.add(API_KEY_HEADER, self._api_key)
+        rid, metadata = self._metadata(request_id)
         attempt = 0
         while True:
             attempt += 1
@@ -597,10 +585,7 @@ class MemoryClient:
         # One budget for the whole call: each attempt gets what is left, never a fresh timer.
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s(preset or self._default_preset, timeout)
-        rid = request_id or new_request_id()
-        metadata = grpc.aio.Metadata((REQUEST_ID_HEADER, rid))
-        if self._api_key is not None:
-            metadata.add(API_KEY_HEADER, self._api_key)
+        rid, metadata = self._metadata(request_id)
         attempts = self._retry.max_attempts if retryable else 1
         attempt = 0
         # One span for the call, its retries included; its trace context goes to the server.
@@ -620,6 +605,15 @@ class MemoryClient:
                     if delay_s is None:
                         raise error from exc
                     await asyncio.sleep(delay_s)
+
+    def _metadata(self, request_id: str | None) -> tuple[str, grpc.aio.Metadata]:
+        """A call's request id (``request_id``, or a new one) and the metadata carrying it
+        and the API key."""
+        rid = request_id or new_request_id()
+        metadata = grpc.aio.Metadata((REQUEST_ID_HEADER, rid))
+        if self._api_key is not None:
+            metadata.add(API_KEY_HEADER, self._api_key)
+        return rid, metadata
 
     def _backoff_s(
         self, attempt: int, exc: grpc.aio.AioRpcError, remaining_s: float
