@@ -246,6 +246,7 @@ class Cluster:
         self.chosen_worker: Proc | None = None
         self.held = 0  # jobs the chosen worker held
         self.unexpected: list[dict[str, Any]] = []
+        self.restart_failures: list[dict[str, Any]] = []
 
     @property
     def target(self) -> Target:
@@ -291,6 +292,10 @@ class Cluster:
         self.killing.add(kind)
         try:
             return await self._inject(kind)
+        except Exception as exc:  # a restart that failed is a finding, not the end of the run
+            self.restart_failures.append({"kind": kind, "error": str(exc)[:2000]})
+            print(f"!! {kind}: starting it again failed: {exc}", flush=True)
+            return f"starting it again failed: {type(exc).__name__}"
         finally:
             self.killing.discard(kind)
 
@@ -1098,6 +1103,7 @@ def summarize(
         "stale_packets": len(run.stale),
         "stale_checked": run.stale_checked,
         "unexpected_exits": len(cluster.unexpected),
+        "restart_failures": len(cluster.restart_failures),
     }
     failed = [
         name
@@ -1111,6 +1117,7 @@ def summarize(
             "late_answers",
             "stale_packets",
             "unexpected_exits",
+            "restart_failures",
             "faults_not_recovered",
         )
         if counts[name]
@@ -1153,6 +1160,7 @@ def summarize(
             "unchecked": dict(run.stale_unchecked),
         },
         "unexpected_exits": cluster.unexpected,
+        "restart_failures": cluster.restart_failures,
     }
 
 
