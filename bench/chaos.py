@@ -421,6 +421,8 @@ class Run:
     ingest_given_up: int = 0
     ingest_conflicts: list[str] = field(default_factory=list)
     remembers: list[RememberAck] = field(default_factory=list)
+    # Remembers that failed: (tenant, user, content, status).
+    remember_failed: list[tuple[str, str, str, str]] = field(default_factory=list)
     streams: list[Stream] = field(default_factory=list)
     stale_checked: int = 0
     stale: list[dict[str, Any]] = field(default_factory=list)
@@ -569,6 +571,7 @@ class Traffic:
             self.stub().Remember(request, metadata=self.md(tenant), timeout=DEADLINE_S["Remember"]),
         )
         if code != "OK":
+            self.run.remember_failed.append((tenant, user, content, code))
             return
         ack = RememberAck(
             tenant, user, reply.memory.memory_id, content, reply.reinforced, time.perf_counter()
@@ -920,8 +923,21 @@ async def check_remembers(conn: Any, run: Run) -> dict[str, Any]:
             )
             if same > 1:
                 duplicated.append(ack.memory_id)
+    # A Remember that failed may still have been stored (its answer was lost): Remember has
+    # no idempotency key, so a client that retries it can store the fact twice.
+    stored_anyway: Counter[str] = Counter()
+    for tenant, user, content, code in run.remember_failed:
+        if await conn.fetchval(
+            "SELECT count(*) FROM memories WHERE tenant_id = $1 AND user_id = $2 AND content = $3",
+            tenant,
+            user,
+            content,
+        ):
+            stored_anyway[code] += 1
     return {
         "acknowledged": len(run.remembers),
+        "failed": len(run.remember_failed),
+        "failed_but_stored": dict(stored_anyway),
         "reinforced": sum(a.reinforced for a in run.remembers),
         "lost": lost,
         "duplicated": duplicated,
