@@ -50,9 +50,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -441,7 +443,9 @@ class Traffic:
         self.tenants = sorted(keys)
         self.rng = random.Random(seed)
         self.queries = corpus.queries(20_000, seed=seed)
-        self.facts = iter(
+        # The corpus's distinct facts (about 1,400), over and over: one said again to the same
+        # user is reinforced, which the checks allow for.
+        self.facts = itertools.cycle(
             corpus.distinct_sentences(corpus.FACT_TEMPLATES, 50_000, random.Random(seed))
         )
         self.run = Run()
@@ -577,7 +581,10 @@ class Traffic:
             tenant, user, reply.memory.memory_id, content, reply.reinforced, time.perf_counter()
         )
         self.run.remembers.append(ack)
-        if probe:
+        if probe and ack.reinforced:
+            # The fact was there already: the packet's most recent facts need not show it.
+            self.run.stale_unchecked["reinforced an older fact"] += 1
+        elif probe:
             await asyncio.sleep(self.stale_after_s)
             await self.stale_check(ack)
 
@@ -1200,6 +1207,17 @@ def report(result: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def keep_server_logs(servers: Servers, logs: Path) -> None:
+    """The database and cache logs beside memsvc's (their folder is removed after the run)."""
+    nodes = [("postgres", servers.stack.postgres), ("valkey", servers.stack.valkey)]
+    if servers.citus is not None:
+        nodes.append(("citus-coordinator", servers.citus.coordinator))
+        nodes += [(f"citus-worker{i + 1}", w) for i, w in enumerate(servers.citus.workers)]
+    for name, node in nodes:
+        with contextlib.suppress(OSError):
+            shutil.copyfile(node.log_path, logs / f"{name}.log")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=180.0)
@@ -1224,7 +1242,10 @@ def main() -> None:
     logs = out.with_suffix("")
     logs.mkdir(parents=True, exist_ok=True)
     with embedded_servers(citus=args.citus) as servers:
-        result = asyncio.run(run_chaos(servers, args, logs))
+        try:
+            result = asyncio.run(run_chaos(servers, args, logs))
+        finally:
+            keep_server_logs(servers, logs)
     print(json.dumps(result["counts"], indent=1))
     print("recovery s:", json.dumps(result["recovery_s"]))
     print(
