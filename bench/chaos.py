@@ -19,7 +19,7 @@ worker` processes doing the extraction. Then, for ``--seconds``:
 - faults at random moments, ``--rounds`` of each kind, one at a time: the serving process
   (SIGKILL of its process group, then started again; with ``--processes 2`` also one serving
   child alone, which its parent starts again), an extraction worker (SIGKILL, started again),
-  PostgreSQL (SIGKILL of the postmaster's group, started again: crash recovery), valkey
+  PostgreSQL (SIGKILL of the postmaster; its backends exit; started again: crash recovery), valkey
   (SIGKILL, started again from its AOF), and with ``--citus`` a Citus worker node. Each
   fault's recovery time runs from the kill until a probe that needs the killed part succeeds
   again (a Recall; a Remember; a Prefetch served from the cache; an extraction worker's
@@ -84,6 +84,7 @@ from bench.harness import (
     server_env,
     write_result,
 )
+from memsvc.embedded.process import pid_alive
 from memsvc.storage import api_keys
 from memsvc.v1 import memory_pb2 as pb
 from memsvc.v1 import memory_pb2_grpc
@@ -100,6 +101,7 @@ PACKET_RECENT_FACTS = 10
 RECOVERY_TIMEOUT_S = 180.0
 LATE_TOLERANCE_MS = 5.0
 TAIL_S = 5.0
+ORPHAN_GRACE_S = 5.0
 PROBE_EVERY_S = 0.25
 CHANNELS = 4
 CHANNEL_OPTIONS = [
@@ -199,12 +201,33 @@ class Proc:
 
 
 def kill_server(server: Any) -> None:
-    """SIGKILL an embedded server's process group and wait until it is gone: its start()
-    returns at once while the old process is still there to answer its poll()."""
+    """SIGKILL an embedded server (its process group) and wait until it and its children are
+    gone. PostgreSQL's backends each call setsid(), so the postmaster's group holds only the
+    postmaster: they exit by themselves once they notice it died, and a new postmaster
+    started while one still holds the shared memory refuses to start ("pre-existing shared
+    memory block is still in use"); one left after ORPHAN_GRACE_S is killed. start() would
+    also return at once while the old process is still there to answer its poll()."""
+    pid = server.pid
+    children = child_pids(pid)
     with contextlib.suppress(ProcessLookupError):
-        os.killpg(server.pid, signal.SIGKILL)
-    while server.is_running():
+        os.killpg(pid, signal.SIGKILL)
+    deadline = time.monotonic() + ORPHAN_GRACE_S
+    while server.is_running() or any(pid_alive(c) for c in children):
+        if time.monotonic() > deadline:
+            for child in children:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child, signal.SIGKILL)
         time.sleep(0.01)
+
+
+def child_pids(pid: int) -> list[int]:
+    """The children of ``pid`` now (from /proc)."""
+    out: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                out += [int(c) for c in (task / "children").read_text().split()]
+    return out
 
 
 @dataclass
@@ -344,8 +367,8 @@ class Cluster:
 
     async def _kill_postgres(self, node: Any, name: str) -> str:
         pid = node.pid
-        # The postmaster's group: its backends die with it, as in a crash of the machine's
-        # database; start() reaps it and starts again (crash recovery from the WAL).
+        # SIGKILL of the postmaster: its backends exit when they notice; start() then starts
+        # it again (crash recovery from the WAL).
         await asyncio.to_thread(kill_server, node)
         await asyncio.to_thread(node.start, 120.0)
         return f"{name} postmaster pid {pid}"
