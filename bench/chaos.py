@@ -370,7 +370,18 @@ class Cluster:
         # SIGKILL of the postmaster: its backends exit when they notice; start() then starts
         # it again (crash recovery from the WAL).
         await asyncio.to_thread(kill_server, node)
-        await asyncio.to_thread(node.start, 120.0)
+        for attempt in range(3):
+            try:
+                await asyncio.to_thread(node.start, 120.0)
+                break
+            except Exception as exc:
+                # Recorded (a finding), then tried again as a supervisor would: the checks
+                # need the database.
+                self.restart_failures.append({"kind": name, "error": str(exc)[:2000]})
+                print(f"!! {name}: starting it again failed (attempt {attempt + 1})", flush=True)
+                if attempt == 2:
+                    raise
+                await asyncio.sleep(2.0)
         return f"{name} postmaster pid {pid}"
 
     async def watchdog(self, stop: asyncio.Event, t0: float) -> None:
