@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 PROTO_SRC := protos/memsvc/v1/memory.proto
 LOCK := requirements/lock.txt
 
-.PHONY: install lock run test test-latest test-cluster lint docs docs-serve proto bench soak locomo realmem extraction-eval image clean
+.PHONY: install lock run test test-latest test-cluster lint docs docs-serve proto bench soak chaos locomo realmem extraction-eval image clean
 
 ## Exactly the lock: a venv made anew whenever the lock (or pyproject.toml) changes, every
 ## package from requirements/lock.txt with its hashes checked (--require-hashes refuses any
@@ -121,6 +121,14 @@ extraction-eval: install
 ## e.g. SOAK_ARGS="--minutes 3"); latency per window, errors, server RSS, Ingest exactly once.
 soak: install
 	$(BIN)/python -m bench.soak $(SOAK_ARGS)
+
+## Chaos: mixed traffic from three tenants for 3 min at a fixed rate while memsvc serve, an
+## extraction worker, PostgreSQL and valkey are SIGKILLed and started again at random moments;
+## then every acknowledged write is checked stored and extracted once, resumed WatchMemories
+## complete, no late answer, no stale packet. CHAOS_ARGS, e.g. "--processes 2" or "--citus"
+## (a Citus worker node killed too; Citus built as test-cluster builds it).
+chaos: install
+	CITUS_SOURCE='$(CITUS_SOURCE)' $(BIN)/python -m bench.chaos $(CHAOS_ARGS)
 
 image:
 	docker build -t memsvc:dev .

@@ -96,6 +96,18 @@ def served_stack(
         yield target
 
 
+@dataclass
+class Servers:
+    """The servers behind a bench, as objects it can stop, kill and start again (the chaos
+    bench SIGKILLs them): the embedded PostgreSQL and valkey, the Citus cluster or valkey
+    cluster in their place when asked for, and the migrated ``target`` (port 0)."""
+
+    stack: Any  # memsvc.embedded.EmbeddedStack
+    target: Target
+    citus: Any = None  # tools.clusters.citus.CitusCluster
+    valkey_cluster: Any = None  # tools.clusters.valkey_cluster.EmbeddedValkeyCluster
+
+
 @contextmanager
 def embedded_stack(
     *, redis_cluster: bool = False, data_dir: Path | None = None, citus: bool = False
@@ -109,6 +121,15 @@ def embedded_stack(
 
     Several `memsvc_server`s can run against it one after the other (e.g. the same ingested
     data served with different settings)."""
+    with embedded_servers(redis_cluster=redis_cluster, data_dir=data_dir, citus=citus) as servers:
+        yield servers.target
+
+
+@contextmanager
+def embedded_servers(
+    *, redis_cluster: bool = False, data_dir: Path | None = None, citus: bool = False
+) -> Iterator[Servers]:
+    """`embedded_stack`, with the server objects themselves."""
     from memsvc.embedded import EmbeddedStack
     from tools.clusters.citus import CitusCluster
     from tools.clusters.citus_build import citus_bin_dir
@@ -135,7 +156,7 @@ def embedded_stack(
             if citus_cluster is not None:
                 dsn = citus_cluster.start()
             api_key = asyncio.run(_create_key(dsn))
-            yield Target(
+            target = Target(
                 0,
                 dsn,
                 url,
@@ -143,12 +164,30 @@ def embedded_stack(
                 pg_pid=stack.postgres.pid or 0,
                 valkey_pid=stack.valkey.pid or 0,
             )
+            yield Servers(stack, target, citus_cluster, cluster)
         finally:
             if citus_cluster is not None:
                 citus_cluster.stop()
             if cluster is not None:
                 cluster.stop()
             stack.stop()
+
+
+def server_env(stack: Target, port: int, extra_env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a `memsvc serve` (or `memsvc worker`) against ``stack`` on ``port``:
+    ours without any MEMSVC_ setting, then the stack's, then ``extra_env``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSVC_")}
+    env.update(
+        {
+            "MEMSVC_PG_DSN": stack.pg_dsn,
+            "MEMSVC_REDIS_URL": stack.redis_url,
+            "MEMSVC_GRPC_PORT": str(port),
+            # Any free port: a bench never takes (or fails on) the standard 9464.
+            "MEMSVC_METRICS_PORT": "0",
+        }
+    )
+    env.update(extra_env or {})
+    return env
 
 
 @contextmanager
@@ -162,17 +201,7 @@ def memsvc_server(
     """`memsvc serve [serve_args]` in its own process against an embedded stack, stopped on
     exit; its log (warnings and errors) goes to ``log_path`` when given."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSVC_")}
-    env.update(
-        {
-            "MEMSVC_PG_DSN": stack.pg_dsn,
-            "MEMSVC_REDIS_URL": stack.redis_url,
-            "MEMSVC_GRPC_PORT": str(port),
-            # Any free port: a bench never takes (or fails on) the standard 9464.
-            "MEMSVC_METRICS_PORT": "0",
-        }
-    )
-    env.update(extra_env or {})
+    env = server_env(stack, port, extra_env)
     log_file = log_path.open("wb") if log_path is not None else None
     proc = subprocess.Popen(
         [sys.executable, "-m", "memsvc", "--log-level", "WARNING", "serve", *serve_args],
@@ -181,7 +210,7 @@ def memsvc_server(
         stderr=log_file or subprocess.DEVNULL,
     )
     try:
-        _wait_serving(port, proc)
+        wait_serving(port, proc)
         yield dataclasses.replace(stack, port=port, server_pid=proc.pid)
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -207,7 +236,8 @@ async def _create_key(dsn: str) -> str:
         await conn.close()
 
 
-def _wait_serving(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 120) -> None:
+def wait_serving(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 120) -> None:
+    """Until `grpc.health.v1` on ``port`` says SERVING (raises when ``proc`` exits first)."""
     deadline = time.monotonic() + timeout_s
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         stub = health_pb2_grpc.HealthStub(channel)

@@ -28,6 +28,9 @@ BENCHMARKS = (
     "scale",
     "valkey-cluster-recall",
     "citus-recall",
+    "chaos-p1",
+    "chaos-p2",
+    "chaos-citus",
 )
 OUT = Path(__file__).parent / "RESULTS.md"
 

@@ -376,6 +376,19 @@ def test_exceptions_are_logged_without_their_message(formatter: logging.Formatte
     assert record.exc_text is None  # nothing cached for another handler to print
 
 
+@pytest.mark.parametrize("formatter", [log_format.JsonFormatter(), log_format.TextFormatter()])
+def test_a_record_with_exc_info_false_is_formatted(formatter: logging.Formatter) -> None:
+    """asyncio's default exception handler logs ``exc_info=False`` when it has no exception
+    (asyncpg's "Resetting connection with an active transaction", after a database crash in
+    bench/chaos.py): the line was lost to "--- Logging error --- TypeError: 'bool' object is
+    not subscriptable"."""
+    record = logging.LogRecord(
+        "asyncio", logging.ERROR, __file__, 1, "Resetting connection", (), exc_info=False
+    )
+    line = formatter.format(record)
+    assert "Resetting connection" in line
+
+
 # -- settings and the endpoint's port ------------------------------------------------------
 
 

@@ -236,8 +236,17 @@ class EmbeddedPostgres(ServerSupervisor):
         )
         if exists.strip() != "1":
             self._psql("postgres", f"CREATE DATABASE {DATABASE}", deadline)
-        create = " ".join(f"CREATE EXTENSION IF NOT EXISTS {name};" for name in self._extensions)
-        self._psql(DATABASE, create, deadline)
+        # Only the missing ones: on a Citus worker node started again, "CREATE EXTENSION IF
+        # NOT EXISTS pg_trgm" is refused even though it exists ("operation is not allowed on
+        # this node"), so a worker could never be restarted alone.
+        installed = set(self._psql(DATABASE, "SELECT extname FROM pg_extension", deadline).split())
+        create = " ".join(
+            f"CREATE EXTENSION IF NOT EXISTS {name};"
+            for name in self._extensions
+            if name not in installed
+        )
+        if create:
+            self._psql(DATABASE, create, deadline)
 
     def psql(self, sql: str, deadline: Deadline) -> str:
         """Run `sql` as the superuser in memsvc's database; its unaligned output (setup steps,

@@ -66,7 +66,9 @@ class ExceptionSummary:
 
 def _exc_info(record: logging.LogRecord) -> ExcInfo | None:
     info = record.exc_info
-    if info is None or info[0] is None or info[1] is None:
+    # Not always a tuple: asyncio's default exception handler logs exc_info=False when it
+    # has no exception, and logging keeps that False on the record.
+    if not info or info[0] is None or info[1] is None:
         return None
     return (info[0], info[1], info[2])
 

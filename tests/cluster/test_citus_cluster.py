@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import time
+
 import asyncpg
 
 from memsvc.config import Settings
+from memsvc.embedded.process import Deadline
 from tools.clusters.citus import CitusCluster
 
 
@@ -54,3 +59,29 @@ def test_nodes_are_supervised_children(citus_cluster: CitusCluster | None) -> No
     nodes = [citus_cluster.coordinator, *citus_cluster.workers]
     assert all(node.is_running() and node.pid is not None for node in nodes)
     assert len({node.port for node in nodes}) == 3
+
+
+def test_a_killed_worker_node_starts_again(citus_cluster: CitusCluster | None) -> None:
+    """A worker node SIGKILLed (its postmaster's group, as in a crash) starts again on its
+    port and serves the coordinator's shards (bench/chaos.py --citus kills one): its start
+    found citus, vector and pg_trgm already there and refused to go on ("CREATE EXTENSION
+    IF NOT EXISTS pg_trgm": operation is not allowed on this node)."""
+    if citus_cluster is None:  # MEMSVC_CITUS_DSN: not ours to kill
+        return
+    worker = citus_cluster.workers[0]
+    port, pid = worker.port, worker.pid
+    assert pid is not None
+    os.killpg(pid, signal.SIGKILL)
+    while worker.is_running():
+        time.sleep(0.01)
+    worker.start()
+    assert worker.port == port and worker.pid not in (None, pid)
+    deadline = Deadline(60)
+    while True:
+        out = citus_cluster.coordinator.psql(
+            "SELECT bool_and(success) FROM run_command_on_workers($$SELECT 1$$)", deadline
+        )
+        if out.strip() == "t" or deadline.expired:
+            break
+        deadline.sleep(0.5)
+    assert out.strip() == "t"
