@@ -481,6 +481,12 @@ class Settings:
     )
     prefetch_topics: int = setting(8, "topics the Prefetch walk visits")
     prefetch_episodes: int = setting(8, "episodes the Prefetch walk visits")
+    session_idle_s: int = setting(
+        1_800,
+        "a session not ended by Ingest `end_of_session` counts as finished once its last "
+        "message is this old; until then Prefetch lists none of its episodes as an earlier "
+        "conversation",
+    )
     prefetch_facts: int = setting(40, "facts the Prefetch walk collects")
     # Few, because the section orders by role before relevance.
     prefetch_direct_facts: int = setting(
@@ -724,9 +730,10 @@ class Settings:
             raise ConfigError(f"MEMSVC_LOG_FORMAT: expected text or json, got {self.log_format!r}")
         if self.max_request_bytes < 1024:
             raise ConfigError("MEMSVC_MAX_REQUEST_BYTES must be at least 1024")
-        if self.session_retention_s < 1 or self.expiry_batch < 1:
+        if self.session_retention_s < 1 or self.expiry_batch < 1 or self.session_idle_s < 1:
             raise ConfigError(
-                "MEMSVC_SESSION_RETENTION_S and MEMSVC_EXPIRY_BATCH must be at least 1"
+                "MEMSVC_SESSION_RETENTION_S, MEMSVC_EXPIRY_BATCH and MEMSVC_SESSION_IDLE_S "
+                "must be at least 1"
             )
         if self.expiry_interval_s <= 0:
             raise ConfigError("MEMSVC_EXPIRY_INTERVAL_S must be positive")

@@ -29,7 +29,8 @@ from memsvc.extraction.base import (
 from memsvc.extraction.changes import endings, taken_back
 from memsvc.extraction.coref import Mentions
 from memsvc.extraction.endings import names
-from memsvc.extraction.episodes import subject_mentions, summarize
+from memsvc.extraction.episodes import Mention, subject_mentions, summarize
+from memsvc.extraction.headlines import headline
 from memsvc.extraction.language import LanguageModel, load_language_model, verify_installed_model
 from memsvc.extraction.parser_process import parse_elsewhere
 from memsvc.extraction.predicates import TOPIC_OF_PREDICATE
@@ -255,12 +256,18 @@ def _note(said: _Said) -> CandidateFact | None:
     )
 
 
-def facts_of_turn(said: _Said, doc: Doc, mentions: Mentions | None = None) -> list[CandidateFact]:
+def facts_of_turn(
+    said: _Said,
+    doc: Doc,
+    mentions: Mentions | None = None,
+    titles: list[tuple[int, str]] | None = None,
+) -> list[CandidateFact]:
     """At most _SENTENCES_PER_TURN of a turn's sentences as facts (the most salient, in the
     order said), plus every profile triple and every change of the others. A sentence's
     pronouns resolve to the people and pets named before them in the turn; a joke taken back
     ("just kidding") takes the whole turn with it. `mentions`: those carried from the
-    speaker's turn before; this turn's are added to it."""
+    speaker's turn before; this turn's are added to it. `titles`, when given, receives
+    (salience, headline) of each sentence that gave facts (the episode's title candidates)."""
     if INJECTION.search(said.turn.text) or retracts(said.turn.text):
         return []
     mentions = mentions if mentions is not None else Mentions()
@@ -278,12 +285,13 @@ def facts_of_turn(said: _Said, doc: Doc, mentions: Mentions | None = None) -> li
     facts: list[CandidateFact] = []
     for i, statement in enumerate(statements):
         found_facts = facts_of_statement(statement, said.turn, mentions)
-        if i in keep:
-            facts.extend(found_facts)
-        else:
-            facts.extend(
+        if i not in keep:
+            found_facts = [
                 f for f in found_facts if (f.predicate and f.predicate != "plans") or f.ends
-            )
+            ]
+        facts.extend(found_facts)
+        if titles is not None and found_facts and (title := headline(statement)) is not None:
+            titles.append((salience(statement), title))
     if not facts and said.explicit and (note := _note(said)) is not None:
         facts.append(note)
     return facts
@@ -309,7 +317,9 @@ class Parsed:
     """What the parse of some turns gives: facts in turn order, subject mentions."""
 
     facts: tuple[CandidateFact, ...]
-    mentions: tuple[tuple[str, int], ...]
+    mentions: tuple[Mention, ...]
+    # (salience, headline) of the sentences that gave facts, in turn order.
+    titles: tuple[tuple[int, str], ...] = ()
 
 
 def _chunks(data: ExtractionInput, max_chars: int) -> list[ExtractionInput]:
@@ -341,8 +351,9 @@ def _assemble(data: ExtractionInput, parts: Sequence[Parsed]) -> Extraction:
     facts = facts[: data.max_facts]
     topics = tuple(sorted({TOPIC_OF_PREDICATE.get(f.predicate, "conversation") for f in facts}))
     mentions = [mention for part in parts for mention in part.mentions]
+    titles = [title for part in parts for title in part.titles]
     return Extraction(
-        episode=summarize(data.turns, facts, mentions),
+        episode=summarize(data.turns, facts, mentions, titles),
         facts=tuple(facts),
         topics=topics or ("conversation",),
     )
@@ -392,16 +403,23 @@ class RulesExtractor:
         facts: list[CandidateFact] = []
         previous: str | None = None
         mentions = Mentions()
+        titles: dict[str, list[tuple[int, str]]] = {}
         # Coreference and "jk" reach back within the chunk parsed (a job's turns up to
         # PARSE_CHUNK_CHARS), not across chunks.
         for item, doc in zip(said, docs, strict=True):
             if retracts_previous(item.turn.text) and previous is not None:
                 # "I'm a billionaire." / "jk": the joke of the turn before is taken back.
                 facts = [f for f in facts if previous not in f.source_message_ids]
+                titles.pop(previous, None)
             previous = item.turn.message_id
             mentions = mentions.carried()
-            facts.extend(facts_of_turn(item, doc, mentions))
-        return Parsed(tuple(facts), tuple(subject_mentions(docs)))
+            own = titles.setdefault(item.turn.message_id, [])
+            facts.extend(facts_of_turn(item, doc, mentions, own))
+        return Parsed(
+            tuple(facts),
+            tuple(subject_mentions(docs)),
+            tuple(title for own in titles.values() for title in own),
+        )
 
     async def extract(self, data: ExtractionInput) -> Extraction:
         """Parsed a chunk of turns at a time (at most ``chunk_chars`` characters, or one

@@ -555,7 +555,7 @@ _CONTENT_VERBS = frozenset(
 _POINTERS = frozenset({"there", "that", "this", "it", "those", "these"})
 
 
-def _clause_roots(statement: Statement) -> list[Token]:
+def clause_roots(statement: Statement) -> list[Token]:
     """Further clauses with a subject of their own ("I'm not vegan anymore, I eat eggs now")."""
     return [
         token
@@ -601,7 +601,7 @@ def clauses(
     """The statement's clauses, each with its own words, subject, dates, negation and
     modality: one statement per clause ("I live in Lisbon and I'm allergic to peanuts" is two).
     A sentence of one clause is the statement itself."""
-    others = _clause_roots(statement)
+    others = clause_roots(statement)
     if not others:
         return [statement]
     mentions = mentions or Mentions()

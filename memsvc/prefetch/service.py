@@ -100,6 +100,8 @@ class PrefetchConfig:
     acquire_timeout_s: float
     redis_timeout_s: float
     max_loop_lag_s: float = 0.0
+    # A session not ended by Ingest counts as finished once its last message is this old.
+    session_idle_s: float = 1_800.0
     trust_policy: trust.TrustPolicy = field(default_factory=trust.TrustPolicy)
 
     @classmethod
@@ -117,6 +119,7 @@ class PrefetchConfig:
             acquire_timeout_s=settings.pg_acquire_timeout_ms / 1000,
             redis_timeout_s=settings.redis_timeout_ms / 1000,
             max_loop_lag_s=settings.reads_max_loop_lag_ms / 1000,
+            session_idle_s=float(settings.session_idle_s),
             trust_policy=trust.policy_from(settings.confidence_half_life_days),
         )
 
@@ -468,6 +471,7 @@ class PrefetchService:
                 topic_ids=list(topic_scores),
                 recent=cfg.episodes,
                 limit=MAX_EDGE_ROWS,
+                idle_s=cfg.session_idle_s,
                 timeout_s=statement_timeout(budget),
             )
             episode_scores = assembly.score_episodes(
