@@ -110,6 +110,13 @@ class DecisionResult:
     extra: dict[str, str] = field(default_factory=dict)
 
 
+class FactReader(Protocol):
+    """Reads the facts the rules find in some turns (RulesExtractor.read): what a model's
+    facts are held to (grounding.py)."""
+
+    async def read(self, data: ExtractionInput) -> tuple[CandidateFact, ...]: ...
+
+
 @runtime_checkable
 class Extractor(Protocol):
     """Pluggable extraction. Implementations: rules (default, offline), openai (chat model)."""

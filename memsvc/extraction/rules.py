@@ -433,6 +433,14 @@ class RulesExtractor:
             parts.append(await self._parse_chunk(chunk))
         return _assemble(data, parts)
 
+    async def read(self, data: ExtractionInput) -> tuple[CandidateFact, ...]:
+        """Every fact the rules read in the turns, as read (no episode, no cap, no
+        vocabulary fitting): what another extractor's facts are held to (grounding.py)."""
+        facts: list[CandidateFact] = []
+        for chunk in _chunks(data, self._chunk_chars):
+            facts.extend((await self._parse_chunk(chunk)).facts)
+        return tuple(facts)
+
     async def _parse_chunk(self, chunk: ExtractionInput) -> Parsed:
         if self._offload:
             return await parse_elsewhere(_parse_in_parser_process, chunk)
