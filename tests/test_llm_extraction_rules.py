@@ -301,3 +301,31 @@ async def test_a_stated_time_is_the_valid_time(llm: LLMServer, model: ScriptedMo
     assert quit_.valid_from.ToDatetime(tzinfo=UTC).date() == friday.date()
     assert google.superseded_by_id == quit_.memory_id
     assert ("user", "works_at", "Google", False) not in _triples(_current(memories))
+
+
+async def test_what_is_not_asserted_is_not_stored(llm: LLMServer, model: ScriptedModel) -> None:
+    # The model takes a condition, someone else's words, sarcasm and a joke taken back at
+    # their word.
+    script = {
+        "If I lived in Paris I'd eat croissants every day.": [
+            said_fact("The user lives in Paris.", predicate="lives_in", object="Paris")
+        ],
+        "My friend said she loves jazz.": [
+            said_fact("The user likes jazz.", predicate="likes", object="jazz")
+        ],
+        "Oh great, I just LOVE being stuck in traffic for two hours.": [
+            said_fact(
+                "The user loves being stuck in traffic.",
+                predicate="likes",
+                object="being stuck in traffic",
+            )
+        ],
+        "Just kidding, I'm actually 100.": [
+            said_fact("The user is 100 years old.", predicate="age", object="100")
+        ],
+    }
+    model.facts_by_turn.update(script)
+    for text in script:
+        await llm.say("eve", text, NOW)
+    assert model.asked == list(script)
+    assert [m.content for m in await llm.memories("eve")] == []

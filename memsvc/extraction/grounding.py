@@ -13,10 +13,13 @@ model cannot be trusted with:
 - tense: a statement the rules read as past ("used to") or planned is not the current value;
 - what a change ends (``ends``, and the triple of a change the model left as free text:
   "got a new job at Stripe" is ``works_at Stripe``, which supersedes the old employer);
-- valid time: a time the utterance states ("last Friday") is the fact's ``valid_from``.
+- valid time: a time the utterance states ("last Friday") is the fact's ``valid_from``;
+- assertion: a fact about the user that the rules have no reading of and that comes from
+  what was said without being asserted ("If I lived in Paris …", "my friend said she loves
+  jazz", "Oh great, I just LOVE traffic", a joke taken back) is dropped.
 
-A fact the rules have no reading of (they read less than a model does) is kept as the model
-gave it, after the shape checks of the model's own extractor.
+Any other fact the rules have no reading of (they read less than a model does) is kept as
+the model gave it, after the shape checks of the model's own extractor.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import replace
 
-from memsvc.extraction.base import CandidateFact
+from memsvc.extraction.base import CandidateFact, Reading
 
 # Words every fact shares ("The user is …"): no evidence that two facts say the same thing.
 _COMMON = frozenset(
@@ -38,17 +41,33 @@ _WORD = re.compile(r"[a-z0-9]+")
 _SAME_WORDS = 0.6
 
 
-def held_to(
-    proposed: Sequence[CandidateFact], read: Sequence[CandidateFact]
-) -> tuple[CandidateFact, ...]:
-    """``proposed`` (a model's facts) with what ``read`` (the rules' facts of the same
+def held_to(proposed: Sequence[CandidateFact], read: Reading) -> tuple[CandidateFact, ...]:
+    """``proposed`` (a model's facts) with what ``read`` (the rules' reading of the same
     turns) says of the same statements enforced; order kept, and a fact that came to say
     what an earlier one says is kept once."""
     held: dict[str, CandidateFact] = {}
     for fact in proposed:
-        fact = _held(fact, _reading(fact, read))
+        reading = _reading(fact, read.facts)
+        if reading is None and fact.subject == "user" and _unasserted(fact, read.unasserted):
+            continue
+        fact = _held(fact, reading)
         held.setdefault(fact.content.casefold(), fact)
     return tuple(held.values())
+
+
+def _unasserted(fact: CandidateFact, unasserted: Sequence[tuple[str, str]]) -> bool:
+    """Whether the fact comes from something its source turns say without asserting it:
+    that text names the fact's object, or holds most of its words."""
+    words = _words(fact.content.casefold())
+    for message_id, text in unasserted:
+        if message_id not in fact.source_message_ids:
+            continue
+        said = text.casefold()
+        if fact.object and _mentions(said, fact.object):
+            return True
+        if words and len(words & _words(said)) / len(words) >= _SAME_WORDS:
+            return True
+    return False
 
 
 def _reading(fact: CandidateFact, read: Sequence[CandidateFact]) -> CandidateFact | None:

@@ -16,7 +16,13 @@ from datetime import UTC, datetime
 
 from spacy.tokens import Doc
 
-from memsvc.extraction.assertions import retracts, retracts_previous
+from memsvc.extraction.assertions import (
+    hypothetical,
+    reported,
+    retracts,
+    retracts_previous,
+    sarcastic,
+)
 from memsvc.extraction.base import (
     CandidateFact,
     DecisionResult,
@@ -24,6 +30,7 @@ from memsvc.extraction.base import (
     ExistingFact,
     Extraction,
     ExtractionInput,
+    Reading,
     Turn,
 )
 from memsvc.extraction.changes import endings, taken_back
@@ -35,6 +42,8 @@ from memsvc.extraction.language import LanguageModel, load_language_model, verif
 from memsvc.extraction.parser_process import parse_elsewhere
 from memsvc.extraction.predicates import TOPIC_OF_PREDICATE
 from memsvc.extraction.sentences import (
+    FIRST_PLURAL,
+    FIRST_SINGULAR,
     INJECTION,
     Statement,
     analyse,
@@ -297,6 +306,19 @@ def facts_of_turn(
     return facts
 
 
+def _unasserted(said: _Said, doc: Doc) -> list[tuple[str, str]]:
+    """(message id, text) of what the turn says without asserting it: the whole turn when
+    it takes itself back ("just kidding"), else each wish, condition, report of someone
+    else's words and sarcastic sentence."""
+    if retracts(said.turn.text):
+        return [(said.turn.message_id, said.turn.text)]
+    return [
+        (said.turn.message_id, sent.text)
+        for sent in doc.sents
+        if sarcastic(sent) or hypothetical(sent) or reported(sent, FIRST_SINGULAR | FIRST_PLURAL)
+    ]
+
+
 def _fit(fact: CandidateFact, categories: Sequence[str], roles: Sequence[str]) -> CandidateFact:
     """A tenant's own vocabularies may lack a category or role: 'context' is always there."""
     category = fact.category if fact.category in categories else "context"
@@ -320,6 +342,8 @@ class Parsed:
     mentions: tuple[Mention, ...]
     # (salience, headline) of the sentences that gave facts, in turn order.
     titles: tuple[tuple[int, str], ...] = ()
+    # (message id, text) of what was said without being asserted (Reading.unasserted).
+    unasserted: tuple[tuple[str, str], ...] = ()
 
 
 def _chunks(data: ExtractionInput, max_chars: int) -> list[ExtractionInput]:
@@ -402,16 +426,20 @@ class RulesExtractor:
         docs = self._language.parse([s.text for s in said])
         facts: list[CandidateFact] = []
         previous: str | None = None
+        said_before = ""
         mentions = Mentions()
         titles: dict[str, list[tuple[int, str]]] = {}
         # Coreference and "jk" reach back within the chunk parsed (a job's turns up to
         # PARSE_CHUNK_CHARS), not across chunks.
+        unasserted: list[tuple[str, str]] = []
         for item, doc in zip(said, docs, strict=True):
             if retracts_previous(item.turn.text) and previous is not None:
                 # "I'm a billionaire." / "jk": the joke of the turn before is taken back.
                 facts = [f for f in facts if previous not in f.source_message_ids]
                 titles.pop(previous, None)
-            previous = item.turn.message_id
+                unasserted.append((previous, said_before))
+            unasserted.extend(_unasserted(item, doc))
+            previous, said_before = item.turn.message_id, item.turn.text
             mentions = mentions.carried()
             own = titles.setdefault(item.turn.message_id, [])
             facts.extend(facts_of_turn(item, doc, mentions, own))
@@ -419,6 +447,7 @@ class RulesExtractor:
             tuple(facts),
             tuple(subject_mentions(docs)),
             tuple(title for own in titles.values() for title in own),
+            tuple(unasserted),
         )
 
     async def extract(self, data: ExtractionInput) -> Extraction:
@@ -433,13 +462,17 @@ class RulesExtractor:
             parts.append(await self._parse_chunk(chunk))
         return _assemble(data, parts)
 
-    async def read(self, data: ExtractionInput) -> tuple[CandidateFact, ...]:
+    async def read(self, data: ExtractionInput) -> Reading:
         """Every fact the rules read in the turns, as read (no episode, no cap, no
-        vocabulary fitting): what another extractor's facts are held to (grounding.py)."""
+        vocabulary fitting), and what was said without being asserted: what another
+        extractor's facts are held to (grounding.py)."""
         facts: list[CandidateFact] = []
+        unasserted: list[tuple[str, str]] = []
         for chunk in _chunks(data, self._chunk_chars):
-            facts.extend((await self._parse_chunk(chunk)).facts)
-        return tuple(facts)
+            parsed = await self._parse_chunk(chunk)
+            facts.extend(parsed.facts)
+            unasserted.extend(parsed.unasserted)
+        return Reading(tuple(facts), tuple(unasserted))
 
     async def _parse_chunk(self, chunk: ExtractionInput) -> Parsed:
         if self._offload:
