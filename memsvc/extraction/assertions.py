@@ -108,6 +108,36 @@ def hypothetical(sent: Span) -> bool:
     return conditional and root.tag_ == "VB" and root.lemma_.lower() not in ("like", "love")
 
 
+def asserted_clause(sent: Span, first_person: frozenset[str]) -> Token | None:
+    """The root of a clause that a wish or condition comes with but that is itself asserted,
+    about the speaker: "Wish I had a vacation lined up, but right now my writing is consuming
+    me" (joined by "but"), "I'll have to look into shelters soon, it would be great to have a
+    pup" (a comma splice spaCy reads as a clausal complement before its verb). None when
+    there is none: the sentence asserts nothing."""
+    root = sent.root
+    for t in sent:
+        joined = t.dep_ in ("conj", "parataxis") or (t.dep_ == "ccomp" and t.i < root.i)
+        if not joined or t.head.i != root.i or t.pos_ not in ("VERB", "AUX"):
+            continue
+        subj = next((c for c in t.children if c.dep_ in ("nsubj", "nsubjpass")), None)
+        if subj is None or not (
+            _lower(subj) in first_person
+            or any(_lower(c) in first_person and c.dep_ == "poss" for c in subj.children)
+        ):
+            continue
+        words = list(t.subtree)
+        if (
+            t.lemma_.lower() in _WISH_VERBS
+            or _would(t)
+            or any(w.dep_ == "mark" and _lower(w) in _HYPOTHETICAL_MARKS for w in words)
+            or any(_lower(w) in ("you", "your") for w in words)
+            or words[-1].text == "?"
+        ):
+            continue
+        return t
+    return None
+
+
 def _would(verb: Token) -> bool:
     return any(
         _lower(c) in ("would", "'d", "could", "might") and c.dep_ == "aux" for c in verb.children

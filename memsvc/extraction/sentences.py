@@ -17,7 +17,13 @@ from datetime import datetime
 from lemminflect import getInflection, getLemma
 from spacy.tokens import Span, Token
 
-from memsvc.extraction.assertions import hypothetical, reported, sarcastic, stated_reason
+from memsvc.extraction.assertions import (
+    asserted_clause,
+    hypothetical,
+    reported,
+    sarcastic,
+    stated_reason,
+)
 from memsvc.extraction.coref import PRONOUNS, Mentions
 from memsvc.extraction.dates import ResolvedDate, day_text, is_relative, resolve
 from memsvc.extraction.predicates import PETS, RELATIVES, REQUEST_VERBS
@@ -438,8 +444,15 @@ def analyse(
     mentions = mentions or Mentions()
     root = sent.root
     calls_me = _calls_me(root)
-    if sarcastic(sent) or hypothetical(sent) or reported(sent, FIRST_SINGULAR | FIRST_PLURAL):
+    if sarcastic(sent) or reported(sent, FIRST_SINGULAR | FIRST_PLURAL):
         return None
+    if hypothetical(sent):
+        # The wish or condition yields nothing; a clause beside it that is asserted does.
+        kept = asserted_clause(sent, FIRST_SINGULAR | FIRST_PLURAL)
+        if kept is None:
+            return None
+        own = frozenset(t.i for t in kept.subtree if not t.is_punct)
+        return _clause(sent, kept, sent_at, explicit, mentions, own)
     imperative = not explicit and (is_request(sent) or calls_me)
     if (
         is_question(sent)
