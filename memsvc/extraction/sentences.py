@@ -23,6 +23,7 @@ from memsvc.extraction.assertions import (
     reported,
     sarcastic,
     stated_reason,
+    told_clause,
 )
 from memsvc.extraction.coref import PRONOUNS, Mentions
 from memsvc.extraction.dates import ResolvedDate, day_text, is_relative, resolve
@@ -461,10 +462,28 @@ def analyse(
         or asks_assistant(root)
     ):
         reason = stated_reason(sent)
+        if reason is None and not is_question(sent) and not imperative:
+            reason = told_clause(sent, FIRST_SINGULAR | FIRST_PLURAL)
         if reason is None:
             return None
+        # Without its framing for the listener ("I have to tell you, …").
+        framing = {
+            w.i
+            for c in reason.children
+            if any(_lower(t) in SECOND for t in c.subtree)
+            for w in c.subtree
+        }
+        if framing:
+            # "Just so you know, …": the words that lead into it go with it.
+            framing |= {
+                c.i
+                for c in reason.children
+                if c.i < min(framing) and c.dep_ in ("advmod", "punct", "intj")
+            }
         own = frozenset(
-            t.i for t in reason.subtree if not (t.dep_ == "mark" and t.head.i == reason.i)
+            t.i
+            for t in reason.subtree
+            if not (t.dep_ == "mark" and t.head.i == reason.i) and t.i not in framing
         )
         return _clause(sent, reason, sent_at, explicit, mentions, own)
     subject = subject_of(sent, root, mentions)
