@@ -566,6 +566,12 @@ class Settings(BaseSettings):
     )
     prefetch_topics: Integer = setting(8, "topics the Prefetch walk visits")
     prefetch_episodes: Integer = setting(8, "episodes the Prefetch walk visits")
+    session_idle_s: Positive = setting(
+        1_800,
+        "a session not ended by Ingest `end_of_session` counts as finished once its last "
+        "message is this old; until then Prefetch lists none of its episodes as an earlier "
+        "conversation",
+    )
     prefetch_facts: Integer = setting(40, "facts the Prefetch walk collects")
     # Few, because the section orders by role before relevance.
     prefetch_direct_facts: Integer = setting(

@@ -59,6 +59,35 @@ HYPOTHETICALS = (
         no_facts=True,
         keep=(r"works at Acme",),
     ),
+    # A wish or condition takes nothing with it that is said beside it as a fact.
+    Case(
+        "hyp-wish-but-writing",
+        "Wish I had a vacation lined up, but right now my novel is eating all my time.",
+        at(2024, 3, 9),
+        expect=((r"\bnovel\b", r"time"),),
+        forbid=(r"vacation",),
+    ),
+    Case(
+        "hyp-would-be-great-shelters",
+        "I'll look into shelters near me soon, it would be great to have a puppy.",
+        at(2024, 3, 10),
+        expect=((r"shelters",),),
+        forbid=(r"\bhas a puppy\b", r"\bpuppy\b"),
+    ),
+    # News framed for the listener is the speaker's news.
+    Case(
+        "told-you-job",
+        "I have to tell you, I got the job at Stripe!",
+        at(2024, 3, 11),
+        expect=((r"\bStripe\b",),),
+        forbid=(r"\byou\b",),
+    ),
+    Case(
+        "told-so-you-know-vegan",
+        "Just so you know, I'm vegan.",
+        at(2024, 3, 12),
+        expect=((r"\bvegan\b",),),
+    ),
 )
 
 REPORTED = (

@@ -108,6 +108,78 @@ def hypothetical(sent: Span) -> bool:
     return conditional and root.tag_ == "VB" and root.lemma_.lower() not in ("like", "love")
 
 
+# Verbs that frame news for the listener: "(I) wanted to let you know that …", "I have to
+# tell you, …", "I should mention that …".
+_TELLING = frozenset({"know", "tell", "say", "inform", "remind", "update", "mention", "admit"})
+
+
+def _framing(clause: Token) -> bool:
+    """A clause that only frames news for the listener: "I have to tell you", "so you know"."""
+    verbs = [clause, *(c for c in clause.children if c.dep_ == "xcomp")]
+    return any(v.lemma_.lower() in _TELLING for v in verbs)
+
+
+def _says_you(token: Token) -> bool:
+    return any(_lower(w) in ("you", "your", "yours") for w in token.subtree)
+
+
+def told_clause(sent: Span, first_person: frozenset[str]) -> Token | None:
+    """The root of a first-person clause the speaker tells the listener ("Wanted to let you
+    know that I'm running for office again", "I have to tell you, I got the job", "Just so
+    you know, I'm vegan"): the news, without the "you" of its framing (a child clause of
+    the news that `_framing` names is not part of it). None when there is none."""
+    root = sent.root
+    subj = next((c for c in root.children if c.dep_ in ("nsubj", "nsubjpass")), None)
+    if subj is not None and _lower(subj) in first_person:
+        framed = [c for c in root.children if _says_you(c)]
+        if framed and all(_framing(c) for c in framed):
+            return root
+    for t in sent:
+        if (
+            t.dep_ != "ccomp"
+            or t.head.lemma_.lower() not in _TELLING
+            or t.pos_ not in ("VERB", "AUX")
+        ):
+            continue
+        subj = next((c for c in t.children if c.dep_ in ("nsubj", "nsubjpass")), None)
+        if subj is None or _lower(subj) not in first_person:
+            continue
+        if any(_lower(w) in ("you", "your", "yours") for w in t.subtree):
+            continue
+        return t
+    return None
+
+
+def asserted_clause(sent: Span, first_person: frozenset[str]) -> Token | None:
+    """The root of a clause that a wish or condition comes with but that is itself asserted,
+    about the speaker: "Wish I had a vacation lined up, but right now my writing is consuming
+    me" (joined by "but"), "I'll have to look into shelters soon, it would be great to have a
+    pup" (a comma splice spaCy reads as a clausal complement before its verb). None when
+    there is none: the sentence asserts nothing."""
+    root = sent.root
+    for t in sent:
+        joined = t.dep_ in ("conj", "parataxis") or (t.dep_ == "ccomp" and t.i < root.i)
+        if not joined or t.head.i != root.i or t.pos_ not in ("VERB", "AUX"):
+            continue
+        subj = next((c for c in t.children if c.dep_ in ("nsubj", "nsubjpass")), None)
+        if subj is None or not (
+            _lower(subj) in first_person
+            or any(_lower(c) in first_person and c.dep_ == "poss" for c in subj.children)
+        ):
+            continue
+        words = list(t.subtree)
+        if (
+            t.lemma_.lower() in _WISH_VERBS
+            or _would(t)
+            or any(w.dep_ == "mark" and _lower(w) in _HYPOTHETICAL_MARKS for w in words)
+            or any(_lower(w) in ("you", "your") for w in words)
+            or words[-1].text == "?"
+        ):
+            continue
+        return t
+    return None
+
+
 def _would(verb: Token) -> bool:
     return any(
         _lower(c) in ("would", "'d", "could", "might") and c.dep_ == "aux" for c in verb.children

@@ -110,6 +110,23 @@ class DecisionResult:
     extra: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Reading:
+    """What the rules read in some turns: their facts, and what was said without being
+    asserted (a wish, a condition, someone else's words, sarcasm, a joke taken back) as
+    (message id, text)."""
+
+    facts: tuple[CandidateFact, ...] = ()
+    unasserted: tuple[tuple[str, str], ...] = ()
+
+
+class FactReader(Protocol):
+    """Reads some turns by rules (RulesExtractor.read): what a model's facts are held to
+    (grounding.py)."""
+
+    async def read(self, data: ExtractionInput) -> Reading: ...
+
+
 @runtime_checkable
 class Extractor(Protocol):
     """Pluggable extraction. Implementations: rules (default, offline), openai (chat model)."""

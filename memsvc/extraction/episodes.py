@@ -19,16 +19,22 @@ _VAGUE = frozenset(
 )
 _DROP = frozenset({"DET", "PRON", "PUNCT", "SPACE", "CCONJ", "ADP"})
 _MAX_SUMMARY_FACTS = 6
+# A thing talked about: (key, weight, display). The key (lower case) counts mentions; the
+# display keeps the words' casing ("Porto", "the Alps").
+Mention = tuple[str, int, str]
+# The title of a conversation with nothing to name it by: a later part of the session may
+# give it a better one.
+UNTITLED = "Short conversation"
 # Bracketed text ("[redacted card number]", the placeholder of personal data removed at
 # Ingest) names nothing talked about.
 _BRACKETED = re.compile(r"\[[^\[\]]*\]")
 
 
-def subject_mentions(docs: Sequence[Doc]) -> list[tuple[str, int]]:
-    """The things talked about, in order of mention: (key, weight) per noun chunk or name,
-    bare. Mentions of consecutive parts of a conversation concatenate (a job parsed in
-    chunks)."""
-    mentions: list[tuple[str, int]] = []
+def subject_mentions(docs: Sequence[Doc]) -> list[Mention]:
+    """The things talked about, in order of mention: (key, weight, display) per noun chunk
+    or name, bare. Mentions of consecutive parts of a conversation concatenate (a job parsed
+    in chunks)."""
+    mentions: list[Mention] = []
     for doc in docs:
         brackets = [m.span() for m in _BRACKETED.finditer(doc.text)]
         for chunk in doc.noun_chunks:
@@ -39,23 +45,40 @@ def subject_mentions(docs: Sequence[Doc]) -> list[tuple[str, int]]:
                 continue
             if chunk.root.ent_type_ in ("DATE", "TIME", "CARDINAL", "ORDINAL", "PERSON"):
                 continue
-            words = [t.text for t in chunk if t.pos_ not in _DROP and t.dep_ != "poss"]
-            words = [w for w in words if w.lower() not in ("so", "such", "really", "very")]
-            if not words:
+            kept = [t for t in chunk if t.pos_ not in _DROP and t.dep_ != "poss"]
+            kept = [t for t in kept if t.lower_ not in ("so", "such", "really", "very")]
+            if not kept:
                 continue
-            mentions.append((" ".join(words).lower(), 1 + (len(words) > 1)))
+            # A common noun keeps no capital it has only for starting the sentence.
+            words = [t.lower_ if t.is_sent_start and t.pos_ != "PROPN" else t.text for t in kept]
+            display = " ".join(words)
+            mentions.append((display.lower(), 1 + (len(words) > 1), display))
     return mentions
 
 
-def _subjects(mentions: Sequence[tuple[str, int]]) -> list[str]:
-    """The things talked about, most mentioned first (then first mentioned)."""
+def _subjects(mentions: Sequence[Mention]) -> list[str]:
+    """The things talked about, most mentioned first (then first mentioned), as first said."""
     counts: Counter[str] = Counter()
     first: dict[str, int] = {}
-    for position, (key, weight) in enumerate(mentions):
+    display: dict[str, str] = {}
+    for position, (key, weight, shown) in enumerate(mentions):
         counts[key] += weight
         first.setdefault(key, position)
+        display.setdefault(key, shown)
     ranked = sorted(counts, key=lambda k: (-counts[k], first[k]))
-    return ranked
+    return [display[k] for k in ranked]
+
+
+def _title(titles: Sequence[tuple[int, str]], subjects: Sequence[str]) -> str:
+    """The headline of the most telling statement (the first of the most salient); else the
+    two most talked-about things; else a plain "Short conversation"."""
+    if titles:
+        best = max(score for score, _ in titles)
+        return next(title for score, title in titles if score == best)
+    if subjects:
+        text = _join(subjects[:2])
+        return text[:1].upper() + text[1:]
+    return UNTITLED
 
 
 def _join(items: Sequence[str]) -> str:
@@ -67,18 +90,19 @@ def _join(items: Sequence[str]) -> str:
 def summarize(
     turns: Sequence[Turn],
     facts: Sequence[CandidateFact],
-    mentions: Sequence[tuple[str, int]],
+    mentions: Sequence[Mention],
+    titles: Sequence[tuple[int, str]] = (),
 ) -> CandidateEpisode:
-    """Title: the two most talked-about things and the date; summary: who talked about what
-    and when, then the facts learned (events first). ``mentions``: subject_mentions of the
-    turns' parses."""
+    """Title: what the most telling statement was about ("Moving to Porto"), in the words'
+    own casing, without the date (the episode carries its dates); summary: who talked about
+    what and when, then the facts learned (events first). ``mentions``: subject_mentions of
+    the turns' parses; ``titles``: (salience, headline) of the statements that gave facts."""
     when = day_text(min(t.sent_at for t in turns))
     subjects = _subjects(mentions)[:3]
+    title = _title(titles, subjects)
     if subjects:
-        title = f"The user on {_join(subjects[:2])}, {when}"
         opening = f"On {when}, the user talked about {_join(subjects)}."
     else:
-        title = f"Conversation with the user, {when}"
         opening = f"On {when}, the user had a short conversation."
     ordered = sorted(facts, key=lambda f: (f.category != "event", f.predicate != ""))
     told = " ".join(f.content for f in ordered[:_MAX_SUMMARY_FACTS])

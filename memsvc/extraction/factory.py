@@ -19,5 +19,8 @@ def build_extractor(settings: Settings) -> Extractor:
             model=settings.openai_chat_model,
             api_key=settings.openai_chat_api_key or None,
             timeout_s=settings.extractor_timeout_ms / 1000,
+            # Whatever the model says, its facts are held to the rules' reading of the same
+            # turns: polarity, subjects, what a change ends, stated times (grounding.py).
+            reader=RulesExtractor(),
         )
     raise ValueError(f"unknown extractor {settings.extractor!r} (expected rules or openai)")

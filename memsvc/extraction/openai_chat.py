@@ -23,7 +23,9 @@ from memsvc.extraction.base import (
     Extraction,
     ExtractionError,
     ExtractionInput,
+    FactReader,
 )
+from memsvc.extraction.grounding import held_to
 from memsvc.http import HTTPError, JSONClient
 
 log = logging.getLogger(__name__)
@@ -211,6 +213,10 @@ class OpenAIChatExtractor:
     model gives no ``valid_from`` is valid from its source message's ``sent_at``.
     An UPDATE / CONFLICT that would supersede another subject's fact, or a current
     fact with a plan, becomes an ADD.
+    With a ``reader`` (the rules extractor; the factory always gives one), the facts kept
+    are then held to the rules' reading of the same turns (grounding.py): a negated
+    statement is never a positive triple, another person's fact is never the user's, a
+    change ends what it names, and a stated time ("last Friday") is the valid time.
     HTTP errors, non-2xx answers and timeouts raise :class:`ExtractionError` from
     both methods: they are transient, and the job's retry is the right answer.
     """
@@ -227,6 +233,7 @@ class OpenAIChatExtractor:
         max_topics: int = 10,
         max_connections: int = 4,
         ssl_context: ssl.SSLContext | None = None,
+        reader: FactReader | None = None,
     ) -> None:
         if not model:
             raise ValueError("model must not be empty")
@@ -251,6 +258,7 @@ class OpenAIChatExtractor:
         self._temperature = temperature
         self._max_retries = max_retries_on_malformed
         self._max_topics = max_topics
+        self._reader = reader
 
     @property
     def name(self) -> str:
@@ -282,7 +290,7 @@ class OpenAIChatExtractor:
             "max_topics": self._max_topics,
         }
         try:
-            return await self._ask(
+            extraction = await self._ask(
                 "extraction",
                 EXTRACT_SYSTEM_PROMPT,
                 question,
@@ -293,6 +301,10 @@ class OpenAIChatExtractor:
                 f"chat endpoint {self._url} gave no valid extraction in "
                 f"{self._max_retries + 1} attempt(s): {exc}"
             ) from exc
+        if self._reader is None or not extraction.facts:
+            return extraction
+        read = await self._reader.read(data)
+        return replace(extraction, facts=held_to(extraction.facts, read))
 
     async def decide(
         self, candidate: CandidateFact, existing: Sequence[ExistingFact]

@@ -16,7 +16,13 @@ from datetime import UTC, datetime
 
 from spacy.tokens import Doc
 
-from memsvc.extraction.assertions import retracts, retracts_previous
+from memsvc.extraction.assertions import (
+    hypothetical,
+    reported,
+    retracts,
+    retracts_previous,
+    sarcastic,
+)
 from memsvc.extraction.base import (
     CandidateFact,
     DecisionResult,
@@ -24,16 +30,20 @@ from memsvc.extraction.base import (
     ExistingFact,
     Extraction,
     ExtractionInput,
+    Reading,
     Turn,
 )
 from memsvc.extraction.changes import endings, taken_back
 from memsvc.extraction.coref import Mentions
 from memsvc.extraction.endings import names
-from memsvc.extraction.episodes import subject_mentions, summarize
+from memsvc.extraction.episodes import Mention, subject_mentions, summarize
+from memsvc.extraction.headlines import headline
 from memsvc.extraction.language import LanguageModel, load_language_model, verify_installed_model
 from memsvc.extraction.parser_process import parse_elsewhere
 from memsvc.extraction.predicates import TOPIC_OF_PREDICATE
 from memsvc.extraction.sentences import (
+    FIRST_PLURAL,
+    FIRST_SINGULAR,
     INJECTION,
     Statement,
     analyse,
@@ -255,12 +265,18 @@ def _note(said: _Said) -> CandidateFact | None:
     )
 
 
-def facts_of_turn(said: _Said, doc: Doc, mentions: Mentions | None = None) -> list[CandidateFact]:
+def facts_of_turn(
+    said: _Said,
+    doc: Doc,
+    mentions: Mentions | None = None,
+    titles: list[tuple[int, str]] | None = None,
+) -> list[CandidateFact]:
     """At most _SENTENCES_PER_TURN of a turn's sentences as facts (the most salient, in the
     order said), plus every profile triple and every change of the others. A sentence's
     pronouns resolve to the people and pets named before them in the turn; a joke taken back
     ("just kidding") takes the whole turn with it. `mentions`: those carried from the
-    speaker's turn before; this turn's are added to it."""
+    speaker's turn before; this turn's are added to it. `titles`, when given, receives
+    (salience, headline) of each sentence that gave facts (the episode's title candidates)."""
     if INJECTION.search(said.turn.text) or retracts(said.turn.text):
         return []
     mentions = mentions if mentions is not None else Mentions()
@@ -278,15 +294,29 @@ def facts_of_turn(said: _Said, doc: Doc, mentions: Mentions | None = None) -> li
     facts: list[CandidateFact] = []
     for i, statement in enumerate(statements):
         found_facts = facts_of_statement(statement, said.turn, mentions)
-        if i in keep:
-            facts.extend(found_facts)
-        else:
-            facts.extend(
+        if i not in keep:
+            found_facts = [
                 f for f in found_facts if (f.predicate and f.predicate != "plans") or f.ends
-            )
+            ]
+        facts.extend(found_facts)
+        if titles is not None and found_facts and (title := headline(statement)) is not None:
+            titles.append((salience(statement), title))
     if not facts and said.explicit and (note := _note(said)) is not None:
         facts.append(note)
     return facts
+
+
+def _unasserted(said: _Said, doc: Doc) -> list[tuple[str, str]]:
+    """(message id, text) of what the turn says without asserting it: the whole turn when
+    it takes itself back ("just kidding"), else each wish, condition, report of someone
+    else's words and sarcastic sentence."""
+    if retracts(said.turn.text):
+        return [(said.turn.message_id, said.turn.text)]
+    return [
+        (said.turn.message_id, sent.text)
+        for sent in doc.sents
+        if sarcastic(sent) or hypothetical(sent) or reported(sent, FIRST_SINGULAR | FIRST_PLURAL)
+    ]
 
 
 def _fit(fact: CandidateFact, categories: Sequence[str], roles: Sequence[str]) -> CandidateFact:
@@ -309,7 +339,11 @@ class Parsed:
     """What the parse of some turns gives: facts in turn order, subject mentions."""
 
     facts: tuple[CandidateFact, ...]
-    mentions: tuple[tuple[str, int], ...]
+    mentions: tuple[Mention, ...]
+    # (salience, headline) of the sentences that gave facts, in turn order.
+    titles: tuple[tuple[int, str], ...] = ()
+    # (message id, text) of what was said without being asserted (Reading.unasserted).
+    unasserted: tuple[tuple[str, str], ...] = ()
 
 
 def _chunks(data: ExtractionInput, max_chars: int) -> list[ExtractionInput]:
@@ -341,8 +375,9 @@ def _assemble(data: ExtractionInput, parts: Sequence[Parsed]) -> Extraction:
     facts = facts[: data.max_facts]
     topics = tuple(sorted({TOPIC_OF_PREDICATE.get(f.predicate, "conversation") for f in facts}))
     mentions = [mention for part in parts for mention in part.mentions]
+    titles = [title for part in parts for title in part.titles]
     return Extraction(
-        episode=summarize(data.turns, facts, mentions),
+        episode=summarize(data.turns, facts, mentions, titles),
         facts=tuple(facts),
         topics=topics or ("conversation",),
     )
@@ -391,17 +426,29 @@ class RulesExtractor:
         docs = self._language.parse([s.text for s in said])
         facts: list[CandidateFact] = []
         previous: str | None = None
+        said_before = ""
         mentions = Mentions()
+        titles: dict[str, list[tuple[int, str]]] = {}
         # Coreference and "jk" reach back within the chunk parsed (a job's turns up to
         # PARSE_CHUNK_CHARS), not across chunks.
+        unasserted: list[tuple[str, str]] = []
         for item, doc in zip(said, docs, strict=True):
             if retracts_previous(item.turn.text) and previous is not None:
                 # "I'm a billionaire." / "jk": the joke of the turn before is taken back.
                 facts = [f for f in facts if previous not in f.source_message_ids]
-            previous = item.turn.message_id
+                titles.pop(previous, None)
+                unasserted.append((previous, said_before))
+            unasserted.extend(_unasserted(item, doc))
+            previous, said_before = item.turn.message_id, item.turn.text
             mentions = mentions.carried()
-            facts.extend(facts_of_turn(item, doc, mentions))
-        return Parsed(tuple(facts), tuple(subject_mentions(docs)))
+            own = titles.setdefault(item.turn.message_id, [])
+            facts.extend(facts_of_turn(item, doc, mentions, own))
+        return Parsed(
+            tuple(facts),
+            tuple(subject_mentions(docs)),
+            tuple(title for own in titles.values() for title in own),
+            tuple(unasserted),
+        )
 
     async def extract(self, data: ExtractionInput) -> Extraction:
         """Parsed a chunk of turns at a time (at most ``chunk_chars`` characters, or one
@@ -414,6 +461,18 @@ class RulesExtractor:
         for chunk in _chunks(data, self._chunk_chars):
             parts.append(await self._parse_chunk(chunk))
         return _assemble(data, parts)
+
+    async def read(self, data: ExtractionInput) -> Reading:
+        """Every fact the rules read in the turns, as read (no episode, no cap, no
+        vocabulary fitting), and what was said without being asserted: what another
+        extractor's facts are held to (grounding.py)."""
+        facts: list[CandidateFact] = []
+        unasserted: list[tuple[str, str]] = []
+        for chunk in _chunks(data, self._chunk_chars):
+            parsed = await self._parse_chunk(chunk)
+            facts.extend(parsed.facts)
+            unasserted.extend(parsed.unasserted)
+        return Reading(tuple(facts), tuple(unasserted))
 
     async def _parse_chunk(self, chunk: ExtractionInput) -> Parsed:
         if self._offload:

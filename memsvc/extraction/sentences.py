@@ -17,7 +17,14 @@ from datetime import datetime
 from lemminflect import getInflection, getLemma
 from spacy.tokens import Span, Token
 
-from memsvc.extraction.assertions import hypothetical, reported, sarcastic, stated_reason
+from memsvc.extraction.assertions import (
+    asserted_clause,
+    hypothetical,
+    reported,
+    sarcastic,
+    stated_reason,
+    told_clause,
+)
 from memsvc.extraction.coref import PRONOUNS, Mentions
 from memsvc.extraction.dates import ResolvedDate, day_text, is_relative, resolve
 from memsvc.extraction.predicates import PETS, RELATIVES, REQUEST_VERBS
@@ -438,8 +445,15 @@ def analyse(
     mentions = mentions or Mentions()
     root = sent.root
     calls_me = _calls_me(root)
-    if sarcastic(sent) or hypothetical(sent) or reported(sent, FIRST_SINGULAR | FIRST_PLURAL):
+    if sarcastic(sent) or reported(sent, FIRST_SINGULAR | FIRST_PLURAL):
         return None
+    if hypothetical(sent):
+        # The wish or condition yields nothing; a clause beside it that is asserted does.
+        kept = asserted_clause(sent, FIRST_SINGULAR | FIRST_PLURAL)
+        if kept is None:
+            return None
+        own = frozenset(t.i for t in kept.subtree if not t.is_punct)
+        return _clause(sent, kept, sent_at, explicit, mentions, own)
     imperative = not explicit and (is_request(sent) or calls_me)
     if (
         is_question(sent)
@@ -448,10 +462,28 @@ def analyse(
         or asks_assistant(root)
     ):
         reason = stated_reason(sent)
+        if reason is None and not is_question(sent) and not imperative:
+            reason = told_clause(sent, FIRST_SINGULAR | FIRST_PLURAL)
         if reason is None:
             return None
+        # Without its framing for the listener ("I have to tell you, …").
+        framing = {
+            w.i
+            for c in reason.children
+            if any(_lower(t) in SECOND for t in c.subtree)
+            for w in c.subtree
+        }
+        if framing:
+            # "Just so you know, …": the words that lead into it go with it.
+            framing |= {
+                c.i
+                for c in reason.children
+                if c.i < min(framing) and c.dep_ in ("advmod", "punct", "intj")
+            }
         own = frozenset(
-            t.i for t in reason.subtree if not (t.dep_ == "mark" and t.head.i == reason.i)
+            t.i
+            for t in reason.subtree
+            if not (t.dep_ == "mark" and t.head.i == reason.i) and t.i not in framing
         )
         return _clause(sent, reason, sent_at, explicit, mentions, own)
     subject = subject_of(sent, root, mentions)
@@ -555,7 +587,7 @@ _CONTENT_VERBS = frozenset(
 _POINTERS = frozenset({"there", "that", "this", "it", "those", "these"})
 
 
-def _clause_roots(statement: Statement) -> list[Token]:
+def clause_roots(statement: Statement) -> list[Token]:
     """Further clauses with a subject of their own ("I'm not vegan anymore, I eat eggs now")."""
     return [
         token
@@ -601,7 +633,7 @@ def clauses(
     """The statement's clauses, each with its own words, subject, dates, negation and
     modality: one statement per clause ("I live in Lisbon and I'm allergic to peanuts" is two).
     A sentence of one clause is the statement itself."""
-    others = _clause_roots(statement)
+    others = clause_roots(statement)
     if not others:
         return [statement]
     mentions = mentions or Mentions()

@@ -35,6 +35,7 @@ from memsvc.extraction.base import (
     Turn,
 )
 from memsvc.extraction.endings import ended_by, reason_of
+from memsvc.extraction.episodes import UNTITLED
 from memsvc.extraction.gate import is_phatic
 from memsvc.extraction.guardrails import (
     Thresholds,
@@ -222,10 +223,11 @@ class ExtractionPipeline:
             scopes.append(replace(job.scope, persona_id=persona))
         async with self._acquire() as conn, conn.transaction():
             deleted = await retention.end_session(conn, scopes, job.session_id)
-            if deleted:
-                await self._waker.bump(conn, job.scope.tenant_id, job.scope.user_id)
+            # Bumped even when nothing was deleted: the session's episode is now an earlier
+            # conversation in Prefetch (queries._finished), so a cached packet is stale.
+            await self._waker.bump(conn, job.scope.tenant_id, job.scope.user_id)
+        await self._invalidator.drop_user(job.scope.tenant_id, job.scope.user_id)
         if deleted:
-            await self._invalidator.drop_user(job.scope.tenant_id, job.scope.user_id)
             metrics.EXPIRED.labels("memory").inc(deleted)
 
     async def _index_messages(self, scope: Scope, rows: Sequence[asyncpg.Record]) -> int:
@@ -810,7 +812,7 @@ def _merge_episode(
         summary = "…" + summary[-1_999:]
     sources = tuple(dict.fromkeys([*previous["source_message_ids"], *fresh.source_message_ids]))
     return CandidateEpisode(
-        title=previous["title"] or fresh.title,
+        title=(fresh.title if previous["title"] in ("", UNTITLED) else previous["title"]),
         summary=summary,
         excerpt=previous["excerpt"] or fresh.excerpt,
         source_message_ids=sources,

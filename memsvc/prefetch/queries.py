@@ -29,6 +29,19 @@ _EPISODE_COLUMNS = (
 )
 
 
+def _finished(alias: str) -> str:
+    """The episode's session is over: an Ingest said end_of_session (as ListSessions reads
+    it; the job is in the owner's scope, whichever persona the episode is stamped with), or
+    its last message is older than $8 seconds (MEMSVC_SESSION_IDLE_S). A packet is cached
+    under the content version: one built while a session was in progress may leave it out
+    for MEMSVC_PACKET_TTL_S past its idle time (an end_of_session is a write and bumps it)."""
+    return f"""({alias}.ended_at <= now() - make_interval(secs => $8)
+        OR EXISTS (SELECT 1 FROM ingest_outbox o
+                   WHERE o.tenant_id = {alias}.tenant_id AND o.user_id = {alias}.user_id
+                     AND o.agent_id = {alias}.agent_id AND o.session_id = {alias}.session_id
+                     AND o.payload->>'end_of_session' = 'true'))"""
+
+
 async def core_facts(
     conn: Connection, scope: Scope, *, core_role: str, limit: int, timeout_s: float
 ) -> list[MemoryRecord]:
@@ -146,15 +159,18 @@ async def episodes(
     topic_ids: Sequence[uuid.UUID],
     recent: int,
     limit: int,
+    idle_s: float,
     timeout_s: float,
 ) -> list[EdgeRow]:
-    """Episodes linked to the given topics (one row per edge), plus the ``recent`` latest
+    """Episodes of finished sessions (a session in progress is no earlier conversation)
+    linked to the given topics (one row per edge), plus the ``recent`` latest such
     episodes of the scope (topic_id NULL when not linked)."""
     rows = await conn.fetch(
         f"""
         /* memsvc:prefetch:episodes */
         WITH recent AS (
-            SELECT episode_id FROM episodes WHERE {_EXACT} AND {NOT_EXPIRED}
+            SELECT episode_id FROM episodes AS r
+            WHERE {_EXACT} AND {NOT_EXPIRED} AND {_finished("r")}
             ORDER BY ended_at DESC, episode_id LIMIT $6),
         linked AS (
             SELECT episode_id, topic_id, weight FROM topic_episodes
@@ -162,7 +178,7 @@ async def episodes(
         SELECT {_EPISODE_COLUMNS}, l.topic_id, coalesce(l.weight, 0) AS edge_weight
         FROM episodes e LEFT JOIN linked l ON l.episode_id = e.episode_id
         WHERE e.tenant_id = $1 AND e.user_id = $2 AND e.persona_id = $3 AND e.agent_id = $4
-          AND {not_expired("e")}
+          AND {not_expired("e")} AND {_finished("e")}
           AND (l.topic_id IS NOT NULL OR e.episode_id IN (SELECT episode_id FROM recent))
         ORDER BY e.ended_at DESC, e.episode_id, l.topic_id
         LIMIT $7
@@ -171,6 +187,7 @@ async def episodes(
         list(topic_ids),
         recent,
         limit,
+        float(idle_s),
         timeout=timeout_s,
     )
     return [EdgeRow(episode_from_row(r), r["topic_id"], float(r["edge_weight"])) for r in rows]

@@ -99,6 +99,8 @@ class PrefetchConfig:
     embed_timeout_s: float = field(metadata=from_setting("embed_timeout_ms"))
     acquire_timeout_s: float = field(metadata=from_setting("pg_acquire_timeout_ms"))
     redis_timeout_s: float = field(metadata=from_setting("redis_timeout_ms"))
+    # A session not ended by Ingest counts as finished once its last message is this old.
+    session_idle_s: float = field(default=1_800.0, metadata=from_setting("session_idle_s"))
     trust_policy: trust.TrustPolicy = field(default_factory=trust.TrustPolicy)
 
     @classmethod
@@ -456,6 +458,7 @@ class PrefetchService:
                 topic_ids=list(topic_scores),
                 recent=cfg.episodes,
                 limit=MAX_EDGE_ROWS,
+                idle_s=cfg.session_idle_s,
                 timeout_s=statement_timeout(budget),
             )
             episode_scores = assembly.score_episodes(

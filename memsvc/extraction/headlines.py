@@ -1,0 +1,173 @@
+"""An episode's title: the gist of its most telling statement, as a cased noun phrase.
+
+"We moved to Porto last month" -> "Moving to Porto"; "My cat Luna passed away this morning"
+-> "Luna passing away"; "I don't work at Google anymore" -> "No longer working at Google".
+The words are the speaker's own, with their casing (names stay capitalized); times are left
+out (the episode has its dates), and so are hedges and fillers.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from lemminflect import getInflection
+from spacy.tokens import Token
+
+from memsvc.extraction.sentences import (
+    FIRST_PLURAL,
+    FIRST_SINGULAR,
+    Statement,
+    clause_roots,
+    is_negated,
+    lemma,
+)
+
+# What follows the verb in a title: its objects, complements and prepositional phrases.
+_KEPT = frozenset({"dobj", "prep", "prt", "attr", "acomp", "xcomp", "dative", "oprd", "agent"})
+# Words a title does without ("I just got", "I finally sold").
+_FILLERS = frozenset({"just", "finally", "actually", "really", "so", "very", "also", "too"})
+_FILLERS |= frozenset({"already", "still", "even", "anymore", "longer", "again", "now", "here"})
+_FILLERS |= frozenset({"no", "not", "n't", "never"})
+# Verbs of liking: the title is what is liked ("I love hiking in the Alps" -> "Hiking in
+# the Alps"), not "Loving hiking".
+_LIKING = frozenset({"like", "love", "enjoy", "adore", "prefer"})
+_ENDED = frozenset({"anymore", "longer"})
+_TIME_ENTITIES = frozenset({"DATE", "TIME"})
+# Subjects that point back or name no one: no title of their own.
+_POINTING = frozenset({"it", "this", "that", "they", "there", "these", "those", "what", "which"})
+_SUBJECTS = frozenset({"nsubj", "nsubjpass"})
+_MAX_WORDS = 9
+_MIN_WORDS = 2
+
+
+def headline(statement: Statement) -> str | None:
+    """The statement as a title: its first clause that makes one ("I got a new job at
+    Stripe, I start Monday" -> "Getting a new job at Stripe"), or None (a command, a
+    sentence about "it", a bare verb)."""
+    if statement.imperative:
+        return None
+    own = {t.i for t in statement.words()}
+    roots = sorted([statement.root, *clause_roots(statement)], key=lambda t: t.i)
+    for root in roots:
+        allowed = {t.i for t in root.subtree} & own
+        for other in roots:
+            if other.i != root.i and other.i in allowed:
+                allowed -= {t.i for t in other.subtree}
+        title = _clause_title(root, allowed, dict(statement.refs))
+        if title is not None:
+            return title
+    return None
+
+
+def _clause_title(root: Token, allowed: set[int], refs: dict[int, str]) -> str | None:
+    if root.pos_ not in ("VERB", "AUX"):
+        return None
+    who = _who(root, allowed, refs)
+    if who is None:
+        return None
+    verb = lemma(root)
+    negated = is_negated(root)
+    if verb in _LIKING and not negated:
+        liked = next((c for c in root.children if c.dep_ in ("dobj", "xcomp")), None)
+        words = [_word(t) for t in _phrase(liked, allowed)] if liked is not None else []
+        return _title(words) if words else None
+    head = _gerund(verb)
+    if head is None:
+        return None
+    tail: list[str] = []
+    for child in root.children:
+        purpose = child.dep_ == "advcl" and any(c.lower_ == "to" for c in child.children)
+        if child.i > root.i and (child.dep_ in _KEPT or purpose) and child.i in allowed:
+            tail.extend(_word(t) for t in _phrase(child, allowed))
+    if not tail and verb in ("be", "have", "do", "get"):
+        return None  # "Being", "Having": says nothing
+    if verb == "be" and any(c.ent_type_ == "PERSON" for c in root.children if c.dep_ == "attr"):
+        return None  # "I'm Dana": a name, not what the conversation was about
+    words = [*who, head, *tail]
+    if negated:
+        ended = any(root.doc[i].lower_ in _ENDED for i in allowed)
+        words.insert(len(who), "no longer" if ended else "not")
+    if len(words) < _MIN_WORDS:
+        return None
+    return _title(words)
+
+
+def _who(root: Token, allowed: set[int], refs: dict[int, str]) -> list[str] | None:
+    """The title's subject: nothing for the speaker; a name (or "the user's sister") for
+    someone else; None when it points back unresolved ("it", "they")."""
+    subj = next((c for c in root.children if c.dep_ in _SUBJECTS), None)
+    if subj is None or subj.lower_ in FIRST_SINGULAR | FIRST_PLURAL:
+        return []  # "Just got back from Paris": the speaker, dropped
+    if subj.i in refs:
+        return _named(refs[subj.i].split())
+    if subj.lower_ in _POINTING or subj.pos_ == "PRON":
+        return None
+    phrase = [t for t in subj.subtree if t.i in allowed and not t.is_punct]
+    names = [t.text for t in phrase if t.pos_ == "PROPN"]
+    if names and not any(t.dep_ == "conj" for t in phrase):
+        return names  # "My cat Luna" -> "Luna"
+    return [_word(t) for t in phrase]
+
+
+def _named(relation: list[str]) -> list[str]:
+    """ "user's sister Rita" -> ["Rita"]; "user's mom" -> ["the user's", "mom"]."""
+    if relation and relation[0] == "user's":
+        relation = relation[1:]
+        named = [w for w in relation if w[:1].isupper()]
+        return named or ["the user's", *relation]
+    return relation
+
+
+def _phrase(token: Token, allowed: set[int]) -> list[Token]:
+    """The token's subtree within the clause, without times, fillers, punctuation and
+    embedded clauses."""
+    out: list[Token] = []
+    for t in token.subtree:
+        if t.i not in allowed or t.ent_type_ in _TIME_ENTITIES or t.is_punct or t.is_space:
+            continue
+        if t.lower_ in _FILLERS or (
+            t.i != token.i and t.dep_ in ("relcl", "advcl", "ccomp", "npadvmod")
+        ):
+            continue
+        if any(a.dep_ in ("relcl", "advcl", "ccomp", "npadvmod") for a in _heads(t, token)):
+            continue
+        out.append(t)
+    # A phrase ends at a preposition left without its object (its object was a time).
+    while out and out[-1].dep_ in ("prep", "cc", "det"):
+        out.pop()
+    return out
+
+
+def _heads(token: Token, stop: Token) -> list[Token]:
+    """The token's heads up to (not including) ``stop``."""
+    chain = []
+    while token.i != stop.i and token.head.i not in (token.i, stop.i):
+        token = token.head
+        chain.append(token)
+    return chain
+
+
+def _word(token: Token) -> str:
+    """A token as a title says it: "my" reads "the user's"."""
+    lower = token.lower_
+    if lower in ("my", "our", "mine", "ours"):
+        return "the user's"
+    if lower in ("i", "me", "us", "we", "myself", "ourselves"):
+        return "the user"
+    return token.text
+
+
+@functools.lru_cache(maxsize=4096)
+def _gerund(verb: str) -> str | None:
+    """ "move" -> "moving", "get" -> "getting" (lemminflect's spelling rules)."""
+    if verb == "be":
+        return "being"
+    found = getInflection(verb, tag="VBG")
+    return str(found[0]) if found else None
+
+
+def _title(words: list[str]) -> str:
+    """The words as a title: at most _MAX_WORDS, the first capitalized, the rest as said."""
+    text = " ".join(w for w in words if w).split()[:_MAX_WORDS]
+    joined = " ".join(text).replace(" 's", "'s").replace(" n't", "n't").strip(" ,;:-")
+    return joined[:1].upper() + joined[1:]

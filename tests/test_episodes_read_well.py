@@ -1,0 +1,119 @@
+"""Issue 29 item 6: episodes and packets read well. An episode's title says what the
+conversation was about, in the speaker's casing ("Moving to Porto", never "The user on
+lisbon"); Prefetch lists a session among "earlier conversations (finished sessions …)" only
+once it is over: ended by Ingest end_of_session, or idle past MEMSVC_SESSION_IDLE_S."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from memsvc.config import ConfigError, Settings
+from memsvc.v1 import memory_pb2 as pb
+from tests.conftest import Caller
+from tests.ingest_helpers import ASSISTANT, USER, ingest, msg
+from tests.read_helpers import prefetch, pscope
+
+Drain = Callable[[], Awaitable[int]]
+
+# Everyday conversations (the speaker's turns of one session) and the title each must get.
+CONVERSATIONS = {
+    "porto": (
+        ["We moved to Porto last month.", "The kids love the beach there."],
+        "Moving to Porto",
+    ),
+    "stripe": (["I got a new job at Stripe, I start Monday."], "Getting a new job at Stripe"),
+    "luna": (["My cat Luna passed away this morning."], "Luna passing away"),
+    "google": (
+        ["I don't work at Google anymore, I switched to a clinic."],
+        "No longer working at Google",
+    ),
+    "marathon": (
+        ["I'm training for the Lisbon marathon in April.", "My knee hurts a bit though."],
+        "Training for the Lisbon marathon",
+    ),
+    "rita": (["My sister Rita lives in Madrid and she is a teacher."], "Rita living in Madrid"),
+    "alps": (["I love hiking in the Alps with my brother."], "Hiking in the Alps with"),
+    "broadway": (
+        ["We went to see Hamilton on Broadway last Friday, it was amazing!"],
+        "Going to see Hamilton on Broadway",
+    ),
+    "japan": (
+        ["I'm planning a trip to Japan with my wife Sara next spring."],
+        "Planning a trip to Japan",
+    ),
+}
+
+
+def _at(moment: datetime) -> Timestamp:
+    stamp = Timestamp()
+    stamp.FromDatetime(moment)
+    return stamp
+
+
+async def test_episode_titles_are_cased_and_name_the_subject(caller: Caller, drain: Drain) -> None:
+    for session, (texts, _) in CONVERSATIONS.items():
+        await ingest(caller, [msg("alice", t) for t in texts], session=session)
+    await drain()
+    reply = await caller.stub.ListEpisodes(pb.ListEpisodesRequest(scope=pscope(), page_size=50))
+    titles = {e.session_id: e.title for e in reply.episodes}
+    assert set(titles) == set(CONVERSATIONS)
+    for session, (_, expected) in CONVERSATIONS.items():
+        title = titles[session]
+        assert title.startswith(expected), (session, title)
+        assert not title.lower().startswith("the user on"), title
+        assert title[0].isupper(), title
+        # The date is the episode's, not part of its title.
+        assert "2026" not in title and "December" not in title, title
+
+
+async def test_prefetch_lists_only_finished_sessions(caller: Caller, drain: Drain) -> None:
+    now = datetime.now(UTC)
+
+    def said(text: str, minutes_ago: float, role: int = USER) -> pb.Message:
+        return pb.Message(
+            message_id=f"m-{uuid.uuid4().hex[:10]}",
+            sender_id="alice" if role == USER else "bot",
+            role=role,  # type: ignore[arg-type]
+            text=text,
+            sent_at=_at(now - timedelta(minutes=minutes_ago)),
+        )
+
+    # Ended by the client a minute ago: finished.
+    await ingest(
+        caller, [said("I adopted a parrot named Kiwi.", 3)], session="ended", end_of_session=True
+    )
+    # Never ended, quiet for two hours (past MEMSVC_SESSION_IDLE_S, 30 min): finished.
+    await ingest(caller, [said("I repainted my kitchen yellow.", 120)], session="idle")
+    # The call under way: its user spoke a minute ago and it was not ended.
+    await ingest(caller, [said("I just booked a flight to Oslo.", 1)], session="live")
+    await drain()
+
+    reply = await prefetch(caller, session_id="live")
+    listed = sorted(e.session_id for e in reply.episodes)
+    assert listed == ["ended", "idle"], reply.text
+    assert "Oslo" not in reply.text.split("Earlier conversations")[-1], reply.text
+    assert (reply.counts.episodes.total, reply.counts.episodes.shown) == (2, 2)
+    # Its fact is still known: only its episode is not an earlier conversation yet.
+    assert "Oslo" in reply.text
+
+    # The session ends: from then on it is an earlier conversation (the cached packet goes).
+    await ingest(
+        caller,
+        [said("Have a good trip!", 0, role=ASSISTANT)],
+        session="live",
+        end_of_session=True,
+    )
+    await drain()
+    after = await prefetch(caller, session_id="next-call")
+    assert sorted(e.session_id for e in after.episodes) == ["ended", "idle", "live"], after.text
+
+
+@pytest.mark.parametrize("idle", ["0", "-5"])
+def test_session_idle_must_be_positive(idle: str) -> None:
+    with pytest.raises(ConfigError, match="MEMSVC_SESSION_IDLE_S"):
+        Settings.from_env({"MEMSVC_SESSION_IDLE_S": idle})
