@@ -10,7 +10,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from memsvc.embedding.factory import build_embedder
 from memsvc.embedding.onnx_minilm import OnnxMiniLMEmbedder
 from memsvc.embedding.openai_http import OpenAIHTTPEmbedder
 from memsvc.http import HTTPError, HTTPTimeout
+from tests.fake_http import QuietHandler, serving
 
 API_KEY = "sk-test-0123456789-secret"
 
@@ -219,9 +220,7 @@ def embeddings_reply(dimension: int, *, reverse: bool = True) -> Callable[[dict[
 
 
 def _handler_for(state: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
+    class Handler(QuietHandler):
         def setup(self) -> None:
             state.connections += 1
             super().setup()
@@ -247,34 +246,17 @@ def _handler_for(state: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
                 self.end_headers()
                 self.wfile.write(payload)
 
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
     return Handler
-
-
-class _QuietServer(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # Writing to a client that gave up (the timeout tests) is expected here.
-        pass
 
 
 @pytest.fixture
 def fake_openai() -> Iterator[FakeOpenAI]:
     state = FakeOpenAI(reply=embeddings_reply(8))
-    server = _QuietServer(("127.0.0.1", 0), _handler_for(state))
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    state.base_url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-    try:
-        yield state
-    finally:
-        state.release.set()
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with serving(_handler_for(state)) as state.base_url:
+        try:
+            yield state
+        finally:
+            state.release.set()
 
 
 @pytest.fixture

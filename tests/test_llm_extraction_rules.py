@@ -9,12 +9,11 @@ What is stored (ListMemories, history included) must be what the rules path stor
 
 from __future__ import annotations
 
-import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import grpc
@@ -32,6 +31,7 @@ from memsvc.storage import api_keys
 from memsvc.v1 import memory_pb2 as pb
 from memsvc.v1 import memory_pb2_grpc
 from tests.conftest import Caller, _KeyedStub, started_server
+from tests.fake_http import QuietHandler, serving
 
 
 def said_fact(content: str, message: str = "", **fields: object) -> dict[str, object]:
@@ -87,9 +87,7 @@ class ScriptedModel:
 
 
 def _handler(model: ScriptedModel) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
+    class Handler(QuietHandler):
         def do_POST(self) -> None:
             request = orjson.loads(self.rfile.read(int(self.headers["Content-Length"])))
             content = orjson.dumps(model.answer(request)).decode()
@@ -106,14 +104,7 @@ def _handler(model: ScriptedModel) -> type[BaseHTTPRequestHandler]:
                     ],
                 }
             )
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
+            self.send_body(200, body)
 
     return Handler
 
@@ -121,17 +112,8 @@ def _handler(model: ScriptedModel) -> type[BaseHTTPRequestHandler]:
 @pytest.fixture
 def model() -> Iterator[ScriptedModel]:
     state = ScriptedModel()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    state.base_url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-    try:
+    with serving(_handler(state)) as state.base_url:
         yield state
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
 
 
 @dataclass

@@ -9,7 +9,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import orjson
@@ -26,6 +26,7 @@ from memsvc.extraction.base import (
 )
 from memsvc.extraction.openai_chat import PREDICATES, OpenAIChatExtractor, not_standalone
 from memsvc.http import HTTPError, HTTPTimeout
+from tests.fake_http import QuietHandler, serving
 
 API_KEY = "sk-test-extractor-5f0c1d2e3b4a-secret"
 CATEGORIES = ("profile", "preference", "relationship", "diet", "location")
@@ -73,49 +74,26 @@ def chat(answer: object) -> Reply:
 
 
 def _handler_for(state: FakeChat) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
+    class Handler(QuietHandler):
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers["Content-Length"]))
             state.requests.append((self.path, dict(self.headers.items()), orjson.loads(body)))
             if state.delay_s:
                 state.release.wait(state.delay_s)
             status, payload = state.replies.pop(0) if state.replies else (599, b"unscripted")
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
+            self.send_body(status, payload)
 
     return Handler
-
-
-class _QuietServer(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # Writing to a client that gave up (the timeout test) is expected here.
-        pass
 
 
 @pytest.fixture
 def fake_chat() -> Iterator[FakeChat]:
     state = FakeChat()
-    server = _QuietServer(("127.0.0.1", 0), _handler_for(state))
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    state.base_url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-    try:
-        yield state
-    finally:
-        state.release.set()
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with serving(_handler_for(state)) as state.base_url:
+        try:
+            yield state
+        finally:
+            state.release.set()
 
 
 @pytest.fixture
