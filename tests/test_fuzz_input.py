@@ -53,7 +53,7 @@ METHODS = [m.name for m in SERVICE.methods]
 CALL_TIMEOUT_S = 30.0
 # Fuzzed requests stay under the request size limit the test server runs with (4 MB),
 # leaving room for the framing around the fuzzed values.
-MAX_FUZZ_BYTES = Settings.max_request_bytes - 64 * 1024
+MAX_FUZZ_BYTES = Settings().max_request_bytes - 64 * 1024
 
 C = grpc.StatusCode
 ANY_METHOD = {C.OK, C.INVALID_ARGUMENT, C.UNAUTHENTICATED, C.RESOURCE_EXHAUSTED}
