@@ -154,7 +154,9 @@ async def test_filtered_dense_search_is_exact(
         assert len(approximate) == 10 and len(set(approximate) & set(truth[:10])) >= 5
     finally:
         async with pool.acquire() as conn:
-            await conn.execute("DELETE FROM memories WHERE tenant_id = $1", tenant)
+            # Thousands of rows, each through the change triggers: past the pool's 5 s
+            # statement bound on a busy moment (a cleanup, not a measured statement).
+            await conn.execute("DELETE FROM memories WHERE tenant_id = $1", tenant, timeout=60)
 
 
 async def _control_defeats_plain_ann(

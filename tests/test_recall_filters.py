@@ -377,7 +377,9 @@ async def test_narrow_filter_on_a_large_scope_stays_exact(
         assert [h.id for h in hits] == truth[:10]
     finally:
         async with pool.acquire() as conn:
-            await conn.execute("DELETE FROM memories WHERE tenant_id = $1", tenant)
+            # Thousands of rows, each through the change triggers: past the pool's 5 s
+            # statement bound on a busy moment (a cleanup, not a measured statement).
+            await conn.execute("DELETE FROM memories WHERE tenant_id = $1", tenant, timeout=60)
 
 
 def _ts_seconds(seconds: int) -> Timestamp:
