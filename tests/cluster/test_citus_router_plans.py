@@ -243,7 +243,9 @@ async def test_prefetch_reads(conn: asyncpg.Connection, scope: Scope) -> None:
             limit=5,
             timeout_s=10,
         )
-        await prefetch_sql.episodes(db, scope, topic_ids=some_ids, recent=3, limit=5, timeout_s=10)
+        await prefetch_sql.episodes(
+            db, scope, topic_ids=some_ids, recent=3, limit=5, idle_s=1800.0, timeout_s=10
+        )
         await prefetch_sql.walk_facts(db, scope, episode_ids=some_ids, limit=10, timeout_s=10)
         await prefetch_sql.recent_facts(db, scope, core_role="core", limit=10, timeout_s=10)
 
