@@ -34,10 +34,13 @@ def _finished(alias: str) -> str:
     it; the job is in the owner's scope, whichever persona the episode is stamped with), or
     its last message is older than $8 seconds (MEMSVC_SESSION_IDLE_S). A packet is cached
     under the content version: one built while a session was in progress may leave it out
-    for MEMSVC_PACKET_TTL_S past its idle time (an end_of_session is a write and bumps it)."""
+    for MEMSVC_PACKET_TTL_S past its idle time (an end_of_session is a write and bumps it).
+    The outbox is filtered by the scope's parameters ($1, $2), not by the outer row's columns:
+    on Citus that keeps the query on the user's shard (a correlated subquery is planned over
+    every shard)."""
     return f"""({alias}.ended_at <= now() - make_interval(secs => $8)
         OR EXISTS (SELECT 1 FROM ingest_outbox o
-                   WHERE o.tenant_id = {alias}.tenant_id AND o.user_id = {alias}.user_id
+                   WHERE o.tenant_id = $1 AND o.user_id = $2
                      AND o.agent_id = {alias}.agent_id AND o.session_id = {alias}.session_id
                      AND o.payload->>'end_of_session' = 'true'))"""
 
