@@ -578,7 +578,11 @@ async def test_client_helper_resumes_after_a_server_restart(
 ) -> None:
     """The server goes away mid-stream; changes committed meanwhile arrive once the helper
     reconnects (after the last position it got), and nothing arrives twice."""
-    first = MemsvcServer(settings.with_overrides(watch_poll_s=0.2), embedder=embedder)
+    # Workers off: in a full run they would start on every earlier test's undrained outbox
+    # rows and take the loop from the Remember this test times (CI once saw it miss 5 s).
+    first = MemsvcServer(
+        settings.with_overrides(watch_poll_s=0.2), embedder=embedder, with_worker=False
+    )
     port = await first.start()
     second: MemsvcServer | None = None
     try:
@@ -590,7 +594,9 @@ async def test_client_helper_resumes_after_a_server_restart(
             assert change.memory_id == before.memory.memory_id
             await first.stop(grace_s=0.1)
             second = MemsvcServer(
-                settings.with_overrides(grpc_port=port, watch_poll_s=0.2), embedder=embedder
+                settings.with_overrides(grpc_port=port, watch_poll_s=0.2),
+                embedder=embedder,
+                with_worker=False,
             )
             await second.start()
             after = await client.remember(pb.RememberRequest(scope=pscope(), content="I am 31"))
