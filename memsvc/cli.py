@@ -14,6 +14,7 @@ from pathlib import Path
 import asyncpg
 
 from memsvc.config import ConfigError, Settings
+from memsvc.extraction import parser_process
 from memsvc.governance.policy import PII_KINDS, PolicyError, TenantPolicies, parse_pii_overrides
 from memsvc.observability import gc_pauses, log_format
 from memsvc.observability.metrics_http import MetricsEndpoint
@@ -215,6 +216,8 @@ async def _run_worker(settings: Settings, once: bool) -> None:
     finally:
         await endpoint.stop()
         await runtime.close()
+        # The jobs had their grace: a parse still in hand must not hold the exit.
+        parser_process.stop()
 
 
 async def _run_migrate(settings: Settings) -> None:

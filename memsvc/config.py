@@ -735,7 +735,7 @@ class Settings(BaseSettings):
         5_000, "budget of a write call that has no deadline"
     )
     deadline_margin_ms: Integer = setting(10, "kept back from a call's deadline to answer")
-    shutdown_grace_s: Number = setting(10.0, "in-flight grace on SIGTERM")
+    shutdown_grace_s: Number = setting(10.0, "in-flight grace on SIGTERM (calls and jobs together)")
 
     @classmethod
     def settings_customise_sources(

@@ -64,3 +64,20 @@ async def parse_elsewhere(fn: Callable[[_In], _Out], arg: _In) -> _Out:
     except BrokenProcessPool as exc:
         _discard(pool)
         raise ExtractionError("the parser process died") from exc
+
+
+def stop() -> None:
+    """End the parser process now, for a process that is exiting: what it is parsing is
+    abandoned (the job's lease ends and another worker retries it). Without this the
+    interpreter's exit waits for the parse in hand, and for the parser's start (the spaCy model
+    and lemminflect's tables, seconds on a busy machine), past the shutdown's grace."""
+    global _pool
+    with _pool_lock:
+        pool, _pool = _pool, None
+    if pool is None:
+        return
+    # The pool's processes: Python 3.14 has ProcessPoolExecutor.terminate_workers() for this.
+    processes = list((pool._processes or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        process.terminate()

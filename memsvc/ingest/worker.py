@@ -103,6 +103,7 @@ class OutboxWorker:
         self._periodic = periodic
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
+        self._stopped: asyncio.Future[None] | None = None
         self._tasks: set[asyncio.Task[object]] = set()
         self._jobs: set[asyncio.Task[object]] = set()
         self._kicked: set[tuple[str, str]] = set()
@@ -135,7 +136,15 @@ class OutboxWorker:
         return self._unsubscribe is not None and self._listener.listening.is_set()
 
     async def stop(self, grace_s: float) -> None:
-        """Stop claiming; let running jobs finish within the grace period; give back the rest."""
+        """Stop claiming; let running jobs finish within the grace period; give back the rest.
+
+        A second call waits for the first one's drain (the server begins it on SIGTERM, beside
+        the calls' own grace, and its runtime's close calls it again)."""
+        if self._stopped is None:
+            self._stopped = asyncio.ensure_future(self._drain(grace_s))
+        await asyncio.shield(self._stopped)
+
+    async def _drain(self, grace_s: float) -> None:
         self._stopping.set()
         self._wake.set()
         unsubscribe, self._unsubscribe = self._unsubscribe, None

@@ -16,6 +16,7 @@ from grpc_reflection.v1alpha import reflection
 
 from memsvc.config import Settings
 from memsvc.embedding import Embedder
+from memsvc.extraction import parser_process
 from memsvc.extraction.base import Extractor
 from memsvc.observability import gc_pauses
 from memsvc.observability.metrics_http import MetricsEndpoint
@@ -175,14 +176,22 @@ class MemsvcServer:
         return self.port
 
     async def stop(self, grace_s: float | None = None) -> None:
-        """Stop accepting calls, let in-flight ones finish within the grace period, then stop
-        the workers (they drain too) and close every connection."""
+        """Stop accepting calls and claiming jobs; in-flight calls and running jobs finish
+        within one grace period, side by side (never one grace after the other: SIGTERM's
+        bound is the grace, not twice it); then close every connection."""
+        grace = self.settings.shutdown_grace_s if grace_s is None else grace_s
         self.runtime.core_queue.stop()
-        if self._server is not None:
-            if self._health is not None:
-                await self._health.enter_graceful_shutdown()
-            await self._server.stop(self.settings.shutdown_grace_s if grace_s is None else grace_s)
-            self._server = None
+        worker = self.runtime.worker
+        drained = asyncio.ensure_future(worker.stop(grace)) if worker is not None else None
+        try:
+            if self._server is not None:
+                if self._health is not None:
+                    await self._health.enter_graceful_shutdown()
+                await self._server.stop(grace)
+                self._server = None
+        finally:
+            if drained is not None:
+                await drained
         await self._metrics.stop()
         self.metrics_port = 0
         await self._stop_auth()
@@ -231,5 +240,7 @@ async def serve_until_signalled(
         log.info("shutting down (grace %.1fs)", server.settings.shutdown_grace_s)
     finally:
         await server.stop()
+        # The calls and jobs had their grace: a parse still in hand must not hold the exit.
+        parser_process.stop()
         for sig in signals:
             loop.remove_signal_handler(sig)

@@ -1,0 +1,53 @@
+"""The parser process (memsvc.extraction.parser_process): an exiting process ends it at once,
+whatever it is parsing, and the next parse starts a new one."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from memsvc.extraction import parser_process
+from memsvc.extraction.base import ExtractionError
+
+
+def _busy(started: Path) -> None:
+    """Runs in the parser process: says it started, then holds the process for ten minutes,
+    as a long parse would."""
+    started.touch()
+    end = time.monotonic() + 600
+    while time.monotonic() < end:
+        pass
+
+
+def _pid(_: object) -> int:
+    return os.getpid()
+
+
+async def test_stop_ends_a_parse_in_hand_and_the_next_parse_starts_afresh(
+    tmp_path: Path,
+) -> None:
+    first_pid = await parser_process.parse_elsewhere(_pid, None)
+    [process] = list(parser_process._parser_pool()._processes.values())
+    started = tmp_path / "started"
+    parse = asyncio.ensure_future(parser_process.parse_elsewhere(_busy, started))
+    while not started.exists():  # noqa: ASYNC110 (another process writes it)
+        await asyncio.sleep(0.01)
+
+    parser_process.stop()
+
+    # Without stop() the process would parse for ten minutes (and an interpreter's exit would
+    # wait for it); terminated, it is gone long before that.
+    await asyncio.to_thread(process.join, 60)
+    assert not process.is_alive()
+    with pytest.raises(ExtractionError, match="parser process died"):
+        await parse
+    assert await parser_process.parse_elsewhere(_pid, None) != first_pid
+
+
+def test_stop_without_a_parser_process_does_nothing() -> None:
+    parser_process.stop()
+    parser_process.stop()
