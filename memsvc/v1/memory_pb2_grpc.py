@@ -5,7 +5,7 @@ import warnings
 
 from memsvc.v1 import memory_pb2 as memsvc_dot_v1_dot_memory__pb2
 
-GRPC_GENERATED_VERSION = '1.85.4'
+GRPC_GENERATED_VERSION = '1.80.1'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -25,7 +25,7 @@ if _version_not_supported:
     )
 
 
-class MemoryServiceStub:
+class MemoryServiceStub(object):
     """Long-term memory for voice and chat agents. Every call carries an API key
     (`x-api-key` or `authorization: Bearer`); the key decides the tenant. An optional
     `x-request-id` (1..128 visible ASCII chars) is echoed in the trailers and logged.
@@ -152,7 +152,7 @@ class MemoryServiceStub:
                 _registered_method=True)
 
 
-class MemoryServiceServicer:
+class MemoryServiceServicer(object):
     """Long-term memory for voice and chat agents. Every call carries an API key
     (`x-api-key` or `authorization: Bearer`); the key decides the tenant. An optional
     `x-request-id` (1..128 visible ASCII chars) is echoed in the trailers and logged.
@@ -511,7 +511,7 @@ def add_MemoryServiceServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class MemoryService:
+class MemoryService(object):
     """Long-term memory for voice and chat agents. Every call carries an API key
     (`x-api-key` or `authorization: Bearer`); the key decides the tenant. An optional
     `x-request-id` (1..128 visible ASCII chars) is echoed in the trailers and logged.
