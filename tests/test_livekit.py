@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Sequence
+import socket
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 
 import asyncpg
 import pytest
@@ -166,19 +168,35 @@ async def test_each_turn_replaces_the_last_memories_and_every_message_is_ingeste
     )
 
 
-async def test_memsvc_down_the_turn_gets_its_reply_without_memory(
-    caplog: pytest.LogCaptureFixture,
+@contextmanager
+def silent_server() -> Iterator[str]:
+    """An address that takes connections and never answers: a stalled memsvc."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(16)
+        yield f"127.0.0.1:{sock.getsockname()[1]}"
+
+
+@contextmanager
+def refusing_server() -> Iterator[str]:
+    """Nothing listens there: every call fails at once (UNAVAILABLE after its retries)."""
+    yield f"127.0.0.1:{free_port()}"
+
+
+@pytest.mark.parametrize("memsvc", [refusing_server, silent_server], ids=["down", "stalled"])
+async def test_memsvc_down_or_stalled_the_turn_gets_its_reply_without_memory(
+    memsvc: Callable[[], AbstractContextManager[str]], caplog: pytest.LogCaptureFixture
 ) -> None:
-    # Nothing listens there: every call fails at once (UNAVAILABLE after its retries).
-    async with MemoryClient(f"127.0.0.1:{free_port()}", api_key="k") as down:
-        memory = memory_for(down)
-        memory.recall_timeout_s = 0.2
-        memory.prefetch_timeout_s = 0.2
-        with caplog.at_level(logging.WARNING, logger="memsvc.client.call_memory"):
-            contexts = await converse(
-                memory, MemsvcAgent(memory, instructions=INSTRUCTIONS), [QUESTION], ["Hello!"]
-            )
-            await memory.aclose()
+    with memsvc() as address:
+        async with MemoryClient(address, api_key="k") as unusable:
+            memory = memory_for(unusable)
+            memory.recall_timeout_s = 0.2
+            memory.prefetch_timeout_s = 0.2
+            with caplog.at_level(logging.WARNING, logger="memsvc.client.call_memory"):
+                contexts = await converse(
+                    memory, MemsvcAgent(memory, instructions=INSTRUCTIONS), [QUESTION], ["Hi!"]
+                )
+                await memory.aclose()
     assert [texts(c) for c in contexts] == [[INSTRUCTIONS, QUESTION]]
     assert any(
         r.name == "memsvc.client.call_memory" and "without memory" in r.getMessage()

@@ -33,6 +33,7 @@ The client belongs to the caller (close it after the session).
 from __future__ import annotations
 
 import asyncio
+import logging
 from datetime import UTC, datetime
 from typing import Any
 
@@ -46,6 +47,8 @@ from livekit.agents.voice.events import (
 from memsvc.client.call_memory import PACKET_HEADER, RECALL_HEADER, CallMemory, Said
 
 __all__ = ["PACKET_HEADER", "RECALL_HEADER", "MemsvcAgent", "MemsvcMemory"]
+
+log = logging.getLogger(__name__)
 
 PACKET_ID = "memsvc.packet"
 RECALL_ID = "memsvc.recall"
@@ -89,6 +92,9 @@ class MemsvcMemory(CallMemory):
             text, final = await self._transcripts.get()
             try:
                 await self.on_transcript(text, final=final)
+            except Exception:
+                # One transcript lost costs the turn its work ahead, not the rest of the call.
+                log.warning("memsvc could not take a transcript", exc_info=True)
             finally:
                 self._transcripts.task_done()
 
