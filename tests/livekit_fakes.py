@@ -10,6 +10,7 @@ import asyncio
 from collections.abc import Iterable
 from typing import Any
 
+from livekit import rtc
 from livekit.agents import AgentSession, llm, stt
 from livekit.agents.types import (
     DEFAULT_API_CONNECT_OPTIONS,
@@ -18,7 +19,11 @@ from livekit.agents.types import (
     NotGivenOr,
 )
 from livekit.agents.utils import AudioBuffer, shortuuid
+from livekit.agents.voice import io
 from livekit.agents.voice.events import ConversationItemAddedEvent
+
+FRAME_S = 0.02
+SAMPLE_RATE = 16000
 
 
 class ScriptedSTT(stt.STT):
@@ -93,6 +98,24 @@ class ScriptedStream(stt.RecognizeStream):
         send(_said(stt.SpeechEventType.END_OF_SPEECH))
 
 
+class SilentMicrophone(io.AudioInput):
+    """The user's audio track: silence, in real time, for as long as the session listens
+    (the STT is what "hears" the words)."""
+
+    def __init__(self) -> None:
+        super().__init__(label="SilentMicrophone")
+        self._samples = int(SAMPLE_RATE * FRAME_S)
+
+    async def __anext__(self) -> rtc.AudioFrame:
+        await asyncio.sleep(FRAME_S)
+        return rtc.AudioFrame(
+            data=bytes(2 * self._samples),
+            sample_rate=SAMPLE_RATE,
+            num_channels=1,
+            samples_per_channel=self._samples,
+        )
+
+
 class ScriptedLLM(llm.LLM):
     """Answers each call with the next scripted reply; ``contexts`` holds what it was given."""
 
@@ -130,8 +153,9 @@ class ScriptedLLMStream(llm.LLMStream):
 
 def scripted_session(model: ScriptedLLM, ears: ScriptedSTT) -> AgentSession[None]:
     """A session that ends each turn on the STT's end of speech, at once: no VAD, no turn
-    detector model, no preemptive reply, no timers, no audio or text I/O."""
-    return AgentSession(
+    detector model, no preemptive reply, no timers; audio in from a silent microphone, no
+    audio or text out."""
+    session: AgentSession[None] = AgentSession(
         stt=ears,
         llm=model,
         vad=None,
@@ -145,6 +169,8 @@ def scripted_session(model: ScriptedLLM, ears: ScriptedSTT) -> AgentSession[None
         # Closing waits this long for a last transcript from the STT; a scripted one has none.
         session_close_transcript_timeout=0.1,
     )
+    session.input.audio = SilentMicrophone()
+    return session
 
 
 class Replies:
