@@ -38,6 +38,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from livekit.agents import Agent, AgentSession, llm
+from livekit.agents.llm.chat_context import Instructions
 from livekit.agents.voice.events import (
     CloseEvent,
     ConversationItemAddedEvent,
@@ -183,7 +184,9 @@ class MemsvcMemory(CallMemory):
 class MemsvcAgent(Agent):
     """An ``Agent`` whose every finished user turn gets memory (``memory.add_to_turn``)."""
 
-    def __init__(self, memory: MemsvcMemory, *, instructions: str, **kwargs: Any) -> None:
+    def __init__(
+        self, memory: MemsvcMemory, *, instructions: str | Instructions, **kwargs: Any
+    ) -> None:
         """``kwargs``: the other arguments of ``Agent``."""
         super().__init__(instructions=instructions, **kwargs)
         self.memory = memory
