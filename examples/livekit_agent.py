@@ -214,8 +214,9 @@ async def call(args: argparse.Namespace) -> int:
             llm=model,
             vad=None,
             turn_handling={
+                # The turn ends on the STT's end of speech, after LiveKit's endpointing delay
+                # (its default, 0.5 s): the final transcript's Recall works meanwhile.
                 "turn_detection": "stt",
-                "endpointing": {"min_delay": 0.0, "max_delay": 1.0},
                 # A reply started before the turn's end would be discarded whenever memory
                 # changes the context (LiveKit compares them): off, as memory is added per turn.
                 "preemptive_generation": {"enabled": False},
