@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from livekit.agents import AgentSession, llm, stt
+from livekit.agents.language import LanguageCode
 from livekit.agents.types import (
     DEFAULT_API_CONNECT_OPTIONS,
     NOT_GIVEN,
@@ -58,6 +59,7 @@ TURNS = (
 )
 # The speaker's pace: an interim per word, ~150 words a minute.
 WORD_S = 0.4
+ENGLISH = LanguageCode("en")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -70,7 +72,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-class ScriptedSTT(stt.STT):
+class ScriptedSTT(stt.STT[Any]):
     """SCRIPTED stand-in for a streaming STT: hears what :meth:`speak` queues."""
 
     def __init__(self, word_s: float) -> None:
@@ -108,7 +110,7 @@ class ScriptedStream(stt.RecognizeStream):
 
     async def _run(self) -> None:
         def said(kind: stt.SpeechEventType, text: str = "") -> stt.SpeechEvent:
-            alternatives = [stt.SpeechData(language="en", text=text, confidence=1.0)]
+            alternatives = [stt.SpeechData(language=ENGLISH, text=text, confidence=1.0)]
             return stt.SpeechEvent(type=kind, alternatives=alternatives if text else [])
 
         while True:
@@ -124,7 +126,7 @@ class ScriptedStream(stt.RecognizeStream):
             self._event_ch.send_nowait(said(stt.SpeechEventType.END_OF_SPEECH))
 
 
-class ScriptedLLM(llm.LLM):
+class ScriptedLLM(llm.LLM[Any]):
     """SCRIPTED stand-in for the LLM: answers each turn with its canned reply, and keeps the
     chat context it was given."""
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from livekit import rtc
 from livekit.agents import AgentSession, llm, stt
+from livekit.agents.language import LanguageCode
 from livekit.agents.types import (
     DEFAULT_API_CONNECT_OPTIONS,
     NOT_GIVEN,
@@ -24,9 +25,10 @@ from livekit.agents.voice.events import ConversationItemAddedEvent
 
 FRAME_S = 0.02
 SAMPLE_RATE = 16000
+ENGLISH = LanguageCode("en")
 
 
-class ScriptedSTT(stt.STT):
+class ScriptedSTT(stt.STT[Any]):
     """A streaming STT with interim results; :meth:`speak` queues what the user says next."""
 
     def __init__(self, *, interims: bool = True, word_s: float = 0.0) -> None:
@@ -64,7 +66,7 @@ class ScriptedSTT(stt.STT):
 
 
 def _said(kind: stt.SpeechEventType, text: str = "") -> stt.SpeechEvent:
-    alternatives = [stt.SpeechData(language="en", text=text, confidence=1.0)] if text else []
+    alternatives = [stt.SpeechData(language=ENGLISH, text=text, confidence=1.0)] if text else []
     return stt.SpeechEvent(type=kind, alternatives=alternatives)
 
 
@@ -116,7 +118,7 @@ class SilentMicrophone(io.AudioInput):
         )
 
 
-class ScriptedLLM(llm.LLM):
+class ScriptedLLM(llm.LLM[Any]):
     """Answers each call with the next scripted reply; ``contexts`` holds what it was given."""
 
     def __init__(self, replies: Iterable[str]) -> None:
