@@ -67,6 +67,31 @@ async def test_voice_gateway_example_without_a_key_is_refused(server: MemsvcServ
     assert code == 1 and "UNAUTHENTICATED" in out, out
 
 
+async def test_livekit_example_runs_a_session(server: MemsvcServer, caller: Caller) -> None:
+    code, out = await run(
+        sys.executable,
+        "examples/livekit_agent.py",
+        "--address",
+        f"127.0.0.1:{server.port}",
+        "--api-key",
+        caller.key,
+        "--word-ms",
+        "20",
+    )
+    assert code == 0, out
+    turns = re.findall(
+        r"^turn (\d): memory added +[\d.]+ ms \| packet (in context|absent) \| (\d+) memory",
+        out,
+        re.M,
+    )
+    assert [t[0] for t in turns] == ["1", "2", "3", "4"], out
+    # The seeded facts reach the session's LLM: in the packet and in the turns' memories.
+    assert any(t[1] == "in context" for t in turns), out
+    assert any(int(t[2]) > 0 for t in turns), out
+    # Four user messages and four replies, in five Ingests (the last reply at the close).
+    assert "ingest queue: 5 sent, 0 failed" in out, out
+
+
 NODE = shutil.which("node")
 NPM = shutil.which("npm")
 TS_DIR = ROOT / "examples" / "ts"

@@ -176,7 +176,7 @@ async def test_memsvc_down_the_turn_goes_on_without_memory(
         memory.recall_timeout_s = 0.2
         memory.prefetch_timeout_s = 0.2
         context = LLMContext([{"role": "system", "content": "You are a helpful voice assistant."}])
-        with caplog.at_level(logging.WARNING, logger="memsvc.client.pipecat"):
+        with caplog.at_level(logging.WARNING, logger="memsvc.client.call_memory"):
             frames = await run(memory, [*spoken(QUESTION), turn(context, QUESTION)])
     assert len(frames) == 1
     assert contents(frames[0]) == ["You are a helpful voice assistant.", QUESTION]
