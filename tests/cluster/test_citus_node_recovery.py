@@ -26,10 +26,12 @@ import grpc
 import pytest
 
 from memsvc.config import Settings
-from memsvc.embedded.process import Deadline
+from memsvc.embedded.process import Deadline, child_pids, pid_alive
 from memsvc.embedding import Embedder
 from memsvc.server.app import MemsvcServer
+from memsvc.storage import api_keys
 from memsvc.v1 import memory_pb2 as pb
+from memsvc.v1.memory_pb2_grpc import MemoryServiceStub
 from tests.conftest import Caller, started_server
 from tests.ingest_helpers import msg
 from tests.read_helpers import pscope, stub_for
@@ -76,12 +78,17 @@ async def fresh_channel(fresh_server: MemsvcServer) -> AsyncIterator[grpc.aio.Ch
 
 def kill_worker_node_and_start_it_again(cluster: CitusCluster) -> None:
     """SIGKILL the first worker node's postmaster (its process group, as in a crash), start
-    it again on its port, and wait until the coordinator reaches it."""
+    it again on its port once its backends exited (each in a session of its own, they exit
+    when they notice; a new postmaster refuses to start while one holds the shared memory),
+    and wait until the coordinator reaches it."""
     worker = cluster.workers[0]
     pid = worker.pid
     assert pid is not None
+    backends = child_pids(pid)
     os.killpg(pid, signal.SIGKILL)
-    while worker.is_running():
+    gone = Deadline(30)
+    while worker.is_running() or any(pid_alive(b) for b in backends):
+        assert not gone.expired, "the killed node's backends did not exit"
         time.sleep(0.01)
     worker.start()
     deadline = Deadline(60)
@@ -122,13 +129,20 @@ async def all_served(calls: list[Callable[[], Awaitable[Any]]]) -> None:
 
 async def test_ingest_remember_and_recall_are_served_again_after_a_worker_node_is_killed(
     citus_cluster: CitusCluster | None,
+    fresh_server: MemsvcServer,
     fresh_channel: grpc.aio.Channel,
-    new_caller: Callable[[], Awaitable[Caller]],
 ) -> None:
     if citus_cluster is None:  # MEMSVC_CITUS_DSN: not ours to kill
         return
-    caller = await new_caller()
-    stub = stub_for(fresh_channel, caller)
+    # The key through this server's pool, not the session's: an earlier test's kill of a
+    # worker node may have left a session connection whose coordinator backend still caches
+    # a connection to the old node (its next statement there fails once: "failure on
+    # connection marked as essential", which this test's own calls retry on).
+    assert fresh_server.pool is not None
+    tenant = f"t-{uuid.uuid4().hex[:12]}"
+    async with fresh_server.pool.acquire() as conn:
+        key = await api_keys.create_key(conn, tenant, "test")
+    stub = stub_for(fresh_channel, Caller(tenant, key, MemoryServiceStub(fresh_channel)))
     # Users spread over the shards (so over both worker nodes).
     users = [f"u{i}-{uuid.uuid4().hex[:6]}" for i in range(CONCURRENT)]
 
