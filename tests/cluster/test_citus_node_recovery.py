@@ -1,15 +1,17 @@
 """memsvc on Citus serves again after a worker node is killed and started again (issue 31,
 defect 4: under `bench/chaos.py --citus` Ingest never came back after that kill).
 
-The server has a pool of its own whose connections have run none of the calls' statements
-yet, as after the chaos bench's kills, and the calls come in concurrently, each attempt with
-a deadline of its own and retried within a bound, as a client does. Each call must be served
-within the bound: an attempt cut off at its deadline must not leave the next one with the
-same work to do again. On Citus asyncpg's type introspection (a connection's first statement
-with an array type, Ingest's timestamptz[]) took 0.7-1.7 s of the coordinator's CPU under
-Citus' shard-hiding filter: the calls' deadlines cancelled it, so it was never cached, and
-concurrent calls on such connections kept one another past their deadlines
-(storage.pool.SERVER_SETTINGS).
+After the kill the calls come in concurrently, each attempt with a deadline of its own and
+retried within a bound, as a client does, on a server whose pooled connections have served
+no call yet (after the chaos bench's kills, under load, calls landed on such connections).
+Each call must be served within the bound: an attempt cut off at its deadline must not leave
+the next one the same work to do again. On Citus asyncpg's type introspection (a
+connection's first statement with an array type it has no codec for, Ingest's timestamptz[])
+took 0.7-1.7 s of the coordinator's CPU under Citus' shard-hiding filter of pg_class: every
+attempt's deadline cancelled it, so it was never cached and no attempt got through
+(storage.pool.SERVER_SETTINGS). The kill itself is not needed for that: it is the scenario
+the bench found it in, and its own effect (a coordinator connection whose cached connection
+to the old node fails its next statement there once) is retried like any refusal.
 """
 
 from __future__ import annotations
@@ -39,12 +41,13 @@ from tools.clusters.citus import CitusCluster
 
 # Calls at once: each holds one of the server's pooled connections (a pool exactly this big).
 CONCURRENT = 16
-# Attempts of each call (as bench/chaos.py's Ingest), and each attempt's deadline: generous
-# for what a call does here (tens of milliseconds), short of what paying a connection's
-# first-use work again at every attempt cost (before the fix 3 of 16 Ingests were refused
-# all 8 times, 69 introspections cancelled; after it every call was served at its first).
+# Attempts of each call (as bench/chaos.py's Ingest), and each attempt's deadline: ample for
+# what a call does here (tens of milliseconds), short of the introspection the fix removed
+# (0.7 s and more on this 2-core machine, idle), which a connection's first Ingest paid again
+# at every attempt. Before the fix no Ingest was served; after it all of them at the first
+# or second attempt.
 ATTEMPTS = 8
-ATTEMPT_DEADLINE_S = 1.0
+ATTEMPT_DEADLINE_S = 0.5
 # Answers a client retries on (as bench/chaos.py does).
 RETRYABLE = frozenset(
     {
@@ -59,7 +62,8 @@ RETRYABLE = frozenset(
 @pytest.fixture
 async def fresh_server(settings: Settings, embedder: Embedder) -> AsyncIterator[MemsvcServer]:
     """A server whose pool of CONCURRENT connections is opened at start and used by no call
-    yet, with no per-tenant share (one tenant's calls may hold them all)."""
+    yet (its start warms the read path only), with no per-tenant share (one tenant's calls
+    may hold them all)."""
     async with started_server(
         settings,
         embedder,
@@ -156,9 +160,6 @@ async def test_ingest_remember_and_recall_are_served_again_after_a_worker_node_i
             ),
             **kwargs,
         )
-
-    before = await ingest(users[0], "before")
-    assert before.accepted == 1
 
     await asyncio.to_thread(kill_worker_node_and_start_it_again, citus_cluster)
 
