@@ -1195,7 +1195,10 @@ def summarize(
         },
         "traffic_s": round(traffic_s, 1),
         "outbox_drained_after_s": drained_s,
-        "faults": [asdict(f) for f in run.faults],
+        "faults": [
+            asdict(f) | {"ingest_ok_after_s": first_ok_after(run.calls, "Ingest", f.at_s)}
+            for f in run.faults
+        ],
         "recovery_s": dict(recoveries),
         "counts": counts,
         "failed": failed,
@@ -1221,6 +1224,18 @@ def summarize(
     }
 
 
+def first_ok_after(calls: list[Call], rpc: str, at_s: float) -> float | None:
+    """Seconds from ``at_s`` (a fault) until the first ``rpc`` sent after it was answered OK
+    (None: none was): when that RPC was served again, whatever the fault's probe needs (a
+    Citus worker node's probe is a Remember; Ingest once stayed down after it, issue 31)."""
+    answered = [
+        c.scheduled_s + c.latency_s
+        for c in calls
+        if c.rpc == rpc and c.code == "OK" and c.scheduled_s >= at_s
+    ]
+    return round(min(answered) - at_s, 2) if answered else None
+
+
 def report(result: dict[str, Any]) -> dict[str, Any]:
     config, counts = result["config"], result["counts"]
     where = "Citus" if config["citus"] else "one PostgreSQL"
@@ -1235,6 +1250,8 @@ def report(result: dict[str, Any]) -> dict[str, Any]:
         "notes": [
             "recovery s by fault: "
             + "; ".join(f"{k} {v}" for k, v in result["recovery_s"].items()),
+            "Ingest answered OK again, s after the fault: "
+            + "; ".join(f"{f['kind']} {f['ingest_ok_after_s']}" for f in result["faults"]),
             "counts: " + ", ".join(f"{k} {v}" for k, v in counts.items()),
             f"invariants broken: {', '.join(result['failed']) or 'none'}",
         ],
@@ -1282,6 +1299,10 @@ def main() -> None:
             keep_server_logs(servers, logs)
     print(json.dumps(result["counts"], indent=1))
     print("recovery s:", json.dumps(result["recovery_s"]))
+    print(
+        "Ingest OK again after (s):",
+        json.dumps([(f["kind"], f["ingest_ok_after_s"]) for f in result["faults"]]),
+    )
     print(
         "rpcs:",
         json.dumps(

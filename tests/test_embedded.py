@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -14,7 +17,7 @@ import redis.asyncio as aioredis
 
 from memsvc.embedded import EmbeddedPostgres, EmbeddedServerError, EmbeddedStack, EmbeddedValkey
 from memsvc.embedded.binaries import _package_dir
-from memsvc.embedded.process import read_pid_file
+from memsvc.embedded.process import pid_alive, read_pid_file
 from tests.embedded_faults import crash, restart
 
 CONNECT_TIMEOUT_S = 10.0
@@ -128,6 +131,30 @@ async def test_valkey_restart_keeps_port_and_data(tmp_path: Path) -> None:
             await client.aclose()
     finally:
         valkey.stop()
+
+
+async def test_a_stop_that_kills_postgres_kills_its_backends_too(tmp_path: Path) -> None:
+    """A backend runs in a session of its own (not in the postmaster's process group): when
+    a stop has to SIGKILL the server, one that would not exit by itself (here stopped, so
+    the fast shutdown waits for it) must not outlive the stop, holding the shared memory a
+    new postmaster refuses to start beside."""
+    postgres = EmbeddedPostgres(tmp_path / "data", durable=False)
+    dsn = postgres.start()
+    conn = await asyncpg.connect(dsn, timeout=CONNECT_TIMEOUT_S)
+    backend = await conn.fetchval("SELECT pg_backend_pid()")
+    os.kill(backend, signal.SIGSTOP)
+    try:
+        # The fast shutdown never ends (the stopped backend ignores its SIGTERM meanwhile):
+        # the stop SIGKILLs the server after its bound.
+        await asyncio.to_thread(postgres.stop, 1.0)
+        assert not pid_alive(backend)
+        assert await asyncio.to_thread(postgres.start) == dsn
+        assert await _fetchval(dsn, "SELECT 1") == 1
+    finally:
+        conn.terminate()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(backend, signal.SIGKILL)
+        postgres.stop()
 
 
 def test_leftover_postgres_from_a_crashed_run_is_replaced(tmp_path: Path) -> None:

@@ -88,15 +88,52 @@ def read_pid_file(path: Path) -> int | None:
     return int(first) if first.isdigit() and int(first) > 0 else None
 
 
+# How long a kill waits for the server's children to be gone (SIGKILL cannot be ignored:
+# this only waits for the kernel to tear them down).
+CHILDREN_SETTLE_S = 5.0
+
+
+def child_pids(pid: int) -> list[int]:
+    """The processes whose parent is `pid` now (from /proc; [] where it cannot be read)."""
+    found: list[int] = []
+    with contextlib.suppress(OSError):
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue  # gone meanwhile
+            fields = stat.rpartition(")")[2].split()
+            if len(fields) > 1 and fields[1] == str(pid):
+                found.append(int(entry.name))
+    return found
+
+
 def _kill_group(pid: int) -> None:
-    # Servers are started as session leaders, so their group id is their pid; killing the
-    # group also takes down workers (postgres backends) that would otherwise linger.
+    """SIGKILL a server, its process group and its children, and wait until they are gone.
+
+    Servers are started as session leaders, so their group id is their pid. PostgreSQL's
+    backends and background workers each call setsid(), so they are not in that group: they
+    would run on until they notice the postmaster died, and one that does not notice (stuck,
+    stopped) keeps the shared memory, so a new postmaster refuses to start ("pre-existing
+    shared memory block is still in use"). So the children, found before the server dies
+    (then they are orphans, no longer its children), are killed one by one too."""
+    children = child_pids(pid)
+    grouped = False
     with contextlib.suppress(ProcessLookupError, PermissionError):
         if os.getpgid(pid) == pid:
             os.killpg(pid, signal.SIGKILL)
-            return
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
+            grouped = True
+    if not grouped:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    for child in children:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(child, signal.SIGKILL)
+    settle = Deadline(CHILDREN_SETTLE_S)
+    while any(pid_alive(child) for child in children) and not settle.expired:
+        settle.sleep()
 
 
 def stop_child(proc: subprocess.Popen[bytes], sig: signal.Signals, timeout_s: float) -> None:

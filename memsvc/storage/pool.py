@@ -20,9 +20,24 @@ from memsvc.storage.connection import Connection
 from memsvc.storage.migrate import migrate
 
 # Session defaults sent at connect (every connection keeps them: see _keep_session).
-# pgvector 0.8: when filters drop rows an HNSW scan returned, keep scanning instead of
-# answering short; relaxed order, so callers re-sort by distance (Recall's large-scope path).
-SERVER_SETTINGS = {"hnsw.iterative_scan": "relaxed_order"}
+SERVER_SETTINGS = {
+    # pgvector 0.8: when filters drop rows an HNSW scan returned, keep scanning instead of
+    # answering short; relaxed order, so callers re-sort by distance (Recall's large-scope
+    # path).
+    "hnsw.iterative_scan": "relaxed_order",
+    # Citus: no shard-hiding filter in memsvc's queries of pg_class. Citus hides shards from
+    # applications by adding `relation_is_a_known_shard(oid) IS NOT TRUE` to every query that
+    # reads pg_class, and asyncpg's type introspection (run on a connection's first statement
+    # with an array type it has no codec for: uuid[], timestamptz[], ...) reads pg_class once
+    # per row of pg_type: about 350,000 calls of that function, 0.7-1.7 s of the coordinator's
+    # CPU per connection and type (16-50 ms without the filter, as on one PostgreSQL). It
+    # runs inside the call, so its deadline cancelled it, nothing was cached and the next
+    # attempt paid it again: under load after a worker node was killed Ingest was never served
+    # again (issue 31, bench/chaos.py --citus). memsvc never lists tables for a user, and its
+    # one pg_class query (storage.citus.unclassified) leaves shards out itself. A placeholder
+    # setting without Citus (like hnsw.* without pgvector loaded).
+    "citus.show_shards_for_app_name_prefixes": "*",
+}
 # How long a release may wait for a cancelled statement's cancel request to be acknowledged.
 # Not the acquire wait: a read leg takes its connection with whatever budget is left (a
 # sliver after a slow embed), and asyncpg bounds the release by that same timeout unless
