@@ -223,12 +223,19 @@ async def wait_final(stub: Any, md: Any, jobs: list[Job], timeout_s: float) -> N
             await asyncio.sleep(0.5)
 
 
-async def list_facts(stub: Any, md: Any, scope: pb.Scope) -> list[pb.Memory]:
+async def list_facts(
+    stub: Any, md: Any, scope: pb.Scope, *, include_superseded: bool = False
+) -> list[pb.Memory]:
     facts: list[pb.Memory] = []
     token = ""
     while True:
         page = await stub.ListMemories(
-            pb.ListMemoriesRequest(scope=scope, page_size=500, page_token=token),
+            pb.ListMemoriesRequest(
+                scope=scope,
+                page_size=500,
+                page_token=token,
+                include_superseded=include_superseded,
+            ),
             metadata=md,
             timeout=30,
         )
@@ -255,6 +262,8 @@ class Stored:
     """What extraction left in the speaker scopes, and every item's source turns."""
 
     facts: dict[str, list[pb.Memory]] = field(default_factory=dict)  # user id -> facts
+    # user id -> every version: the current facts and those ended or replaced since.
+    versions: dict[str, list[pb.Memory]] = field(default_factory=dict)
     episodes: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     sources: dict[str, frozenset[str]] = field(default_factory=dict)  # memory/episode id
 
@@ -263,6 +272,9 @@ class Stored:
             for speaker in conv.speakers:
                 user = conv.users[speaker]
                 self.facts[user] = await list_facts(stub, md, conv.scope(speaker))
+                self.versions[user] = await list_facts(
+                    stub, md, conv.scope(speaker), include_superseded=True
+                )
                 self.episodes[user] = await export_episodes(stub, md, conv.scope(speaker))
                 for m in self.facts[user]:
                     self.sources[m.memory_id] = frozenset(m.source_message_ids)
@@ -361,11 +373,81 @@ def contradictions(stored: Stored) -> dict[str, Any]:
 
 
 def coverage(conversations: list[Conversation], stored: Stored) -> dict[str, Any]:
+    """Coverage by current facts (the figure quoted since the rules extractor), and by every
+    version: a fact a later statement ended ("I sold my car" ends "drives a Toyota") or
+    replaced is still memory of its turn (history, Recall as_of), so the second figure counts
+    it too; `ended_only` says what ended the facts that alone covered an observation."""
+    current = _coverage(conversations, stored.facts)
+    every = _coverage(conversations, stored.versions)
+    ended_only: Counter[str] = Counter()
+    for conv in conversations:
+        for speaker in conv.speakers:
+            versions = stored.versions.get(conv.users[speaker], [])
+            live = set().union(*(m.source_message_ids for m in stored.facts[conv.users[speaker]]))
+            by_id = {m.memory_id: m for m in versions}
+            for _, who, evidence in conv.observations():
+                if who != speaker or any(e in live for e in evidence):
+                    continue
+                ended = [
+                    m
+                    for m in versions
+                    if m.superseded_by_id or m.HasField("invalid_at")
+                    if any(e in m.source_message_ids for e in evidence)
+                ]
+                if ended:
+                    ended_only[_ended_by(ended[0], by_id)] += 1
+    return current | {
+        "including_ended": {k: every[k] for k in ("covered", "coverage_pct")},
+        "ended_only": dict(ended_only.most_common()),
+    }
+
+
+def fact_reach(conversations: list[Conversation], stored: Stored) -> dict[str, float]:
+    """The ceiling of FACT-only evidence recall: mean share of a question's evidence turns
+    that are sources of some current fact of the speaker(s) it names, and of some version
+    (current or ended). The gap between the two is what ending facts can cost R@k."""
+    current: list[float] = []
+    every: list[float] = []
+    for conv in conversations:
+        for qa in conv.sample["qa"]:
+            evidence = dia_ids(qa.get("evidence"))
+            users = [conv.users[s] for s in conv.named(str(qa["question"]))]
+            current.append(
+                evidence_share(
+                    [frozenset(m.source_message_ids) for u in users for m in stored.facts[u]],
+                    evidence,
+                )
+            )
+            every.append(
+                evidence_share(
+                    [frozenset(m.source_message_ids) for u in users for m in stored.versions[u]],
+                    evidence,
+                )
+            )
+    return {
+        "current_pct": round(100 * statistics.fmean(current), 1) if current else 0.0,
+        "including_ended_pct": round(100 * statistics.fmean(every), 1) if every else 0.0,
+    }
+
+
+def _ended_by(fact: pb.Memory, by_id: dict[str, pb.Memory]) -> str:
+    """What ended a fact: the predicate pair and whether the successor kept its value."""
+    successor = by_id.get(fact.superseded_by_id)
+    if successor is None:
+        return f"{fact.predicate or 'free text'} closed (no successor)"
+    same = successor.object == fact.object and successor.predicate == fact.predicate
+    kind = "restated" if same else "changed"
+    return f"{fact.predicate or 'free text'} -> {successor.predicate or 'free text'} ({kind})"
+
+
+def _coverage(
+    conversations: list[Conversation], facts: dict[str, list[pb.Memory]]
+) -> dict[str, Any]:
     covered = total = attainable = covered_attainable = 0
     per_conv: dict[str, dict[str, int]] = {}
     for conv in conversations:
         sources = {
-            s: set().union(*(m.source_message_ids for m in stored.facts[conv.users[s]]))
+            s: set().union(*(m.source_message_ids for m in facts[conv.users[s]]))
             for s in conv.speakers
         }
         c_total = c_covered = 0
@@ -634,6 +716,13 @@ async def run(
         await stored.read(stub, md, conversations)
         figures["facts_per_session"] = facts_per_session(conversations, stored)
         figures["coverage"] = coverage(conversations, stored)
+        figures["fact_reach"] = fact_reach(conversations, stored)
+        print(
+            f"coverage: {figures['coverage']['coverage_pct']}%, with ended facts "
+            f"{figures['coverage']['including_ended']}; ended only: "
+            f"{figures['coverage']['ended_only']}; reach {figures['fact_reach']}",
+            flush=True,
+        )
         figures["contradictions"] = contradictions(stored)
         print(f"contradictory current facts: {figures['contradictions']}", flush=True)
         started = time.time()
@@ -718,6 +807,14 @@ def markdown(result: dict[str, Any]) -> str:
         f"Coverage of gold observations: **{cov['coverage_pct']}%** "
         f"({cov['covered']}/{cov['observations']}; of the {cov['attainable']} attainable: "
         f"{cov['coverage_of_attainable_pct']}%). Episodes stored: {fps['episodes_total']}.",
+        "",
+        "Counting facts a later statement ended or replaced too (history): "
+        f"**{cov['including_ended']['coverage_pct']}%** ({cov['including_ended']['covered']}/"
+        f"{cov['observations']}); covered by an ended fact alone, by what ended it: "
+        f"{cov['ended_only']}. Ceiling of FACT-only evidence recall (evidence turns that "
+        f"are sources of a fact of the speaker(s) asked about): current facts "
+        f"{f['fact_reach']['current_pct']}%, every version "
+        f"{f['fact_reach']['including_ended_pct']}%.",
         "",
         f"Contradictory current facts: {f['contradictions']['total']} over "
         f"{f['contradictions']['speakers']} speakers "
