@@ -303,7 +303,7 @@ async def test_forget_statements(conn: asyncpg.Connection, scope: Scope, what: s
         db: Any = rec
         if what == "ids":
             found = await memories.owned_lineages(db, scope, [record.memory_id])
-            assert await erasure.erase_memories(db, scope, list(found.values()), {}) == 1
+            assert await erasure.erase_memories(db, scope, list(found.values())) == 1
         else:
             assert await erasure.erase_scope(db, scope) == 1
         await versions.bump_version(db, scope.tenant_id, scope.user_id)
