@@ -32,6 +32,9 @@ Figures:
 4. Prefetch check: share of questions whose evidence turns are sources of a fact or episode in
    the Prefetch packet (hint = the question, default budget) of the same scope(s), union of the
    two packets for both/neither: `any` (one evidence turn), `all`, and `share` (mean fraction).
+   A fact the per-user daily quota skipped (MEMSVC_DAILY_FACT_QUOTA) is missing from 1-4:
+   the run ingests months of sessions within one server day, so the summary says how many
+   were skipped; `--server-env MEMSVC_DAILY_FACT_QUOTA=100000` measures extraction alone.
 5. throughput: messages of DONE jobs per second, from the first job's created_at to the last
    DONE job's finished_at (server clocks), and the jobs' count by final state.
 Per category (1 multi-hop, 2 temporal, 3 open-domain, 4 single-hop, 5 adversarial) and overall.
@@ -841,12 +844,27 @@ def markdown(result: dict[str, Any]) -> str:
         + ", ".join(f"{name} {c['degraded']}/{c['calls']}" for name, c in calls.items())
         + ".",
         "",
+        _quota_note(tp),
         f"Throughput: **{tp.get('messages_per_s')} messages/s** ({tp['messages_done']} messages "
         f"of DONE jobs in {tp.get('seconds')} s); jobs by state {tp['jobs_by_state']}; "
         f"dead {len(tp['dead'])}.",
         "",
     ]
     return "\n".join(lines)
+
+
+def _quota_note(throughput: dict[str, Any]) -> str:
+    """The run packs months of sessions into one server day: a fact the per-user daily
+    quota (MEMSVC_DAILY_FACT_QUOTA, 200 by default) skipped is a fact the same sessions on
+    their own days would have stored. Coverage and recall of such a run are understated."""
+    skipped = throughput.get("outcome_totals", {}).get("skipped_by_quota", 0)
+    if not skipped:
+        return "No fact was skipped by the daily quota.\n"
+    return (
+        f"**{skipped} extracted facts were skipped by the daily quota** (all sessions are "
+        "ingested within one server day; pass `--server-env MEMSVC_DAILY_FACT_QUOTA=100000` "
+        "to measure extraction rather than the quota).\n"
+    )
 
 
 def main() -> None:
