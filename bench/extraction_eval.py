@@ -549,6 +549,25 @@ class Calls:
         } | dict(self.extra)
 
 
+# A saturated server sheds a call at once (RESOURCE_EXHAUSTED, "retry shortly"): the eval
+# asks again, as a client should, rather than dying an hour into a run on a shared machine.
+SHED_RETRIES = 8
+
+
+async def shed_retried(rpc: Any, request: Any, md: Any, deadline_s: float, calls: Calls) -> Any:
+    """The call's answer, asked again with backoff (0.1 s doubling) while it is shed; the
+    retries are counted in ``calls.extra["shed_retries"]``."""
+    for attempt in range(SHED_RETRIES + 1):
+        try:
+            return await rpc(request, metadata=md, timeout=deadline_s)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED or attempt == SHED_RETRIES:
+                raise
+            calls.extra["shed_retries"] += 1
+            await asyncio.sleep(0.1 * 2**attempt)
+    raise AssertionError("unreachable")
+
+
 async def recall_questions(
     stub: Any,
     md: Any,
@@ -570,12 +589,14 @@ async def recall_questions(
                 ranked = []
                 for speaker in speakers:
                     started = time.perf_counter()
-                    reply = await stub.Recall(
+                    reply = await shed_retried(
+                        stub.Recall,
                         pb.RecallRequest(
                             scope=conv.scope(speaker), query=question, top_k=max(KS), types=types
                         ),
-                        metadata=md,
-                        timeout=deadline_s,
+                        md,
+                        deadline_s,
+                        calls[name],
                     )
                     calls[name].latencies.append(time.perf_counter() - started)
                     calls[name].degraded += reply.degraded
@@ -589,10 +610,12 @@ async def recall_questions(
             packets = []
             for speaker in speakers:
                 started = time.perf_counter()
-                packet = await stub.Prefetch(
+                packet = await shed_retried(
+                    stub.Prefetch,
                     pb.PrefetchRequest(scope=conv.scope(speaker), hint=question),
-                    metadata=md,
-                    timeout=deadline_s,
+                    md,
+                    deadline_s,
+                    calls["prefetch"],
                 )
                 calls["prefetch"].latencies.append(time.perf_counter() - started)
                 calls["prefetch"].degraded += packet.degraded
