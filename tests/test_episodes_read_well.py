@@ -182,6 +182,36 @@ async def test_a_topic_talked_about_again_is_one_topic(caller: Caller, drain: Dr
     assert [(r["user_id"], r["weight"]) for r in rows] == [("alice", 2.0), ("bob", 1.0)]
 
 
+async def test_prefetch_reaches_an_old_conversation_by_its_topic(
+    caller: Caller, drain: Drain
+) -> None:
+    # The oldest of eleven conversations is the one the hint names: its topic ("Luna") is
+    # what the walk from the hint finds, whatever is more recent (the packet lists the
+    # episodes it keeps newest first).
+    await ingest(caller, [msg("alice", "My cat Luna passed away this morning.")], session="luna")
+    later = [
+        "We went to see Hamilton on Broadway last Friday.",
+        "I adopted a parrot named Kiwi.",
+        "I repainted my kitchen yellow.",
+        "I started running with a club in Lisbon.",
+        "I baked sourdough bread for the first time.",
+        "I've been learning to play the guitar.",
+        "I visited my aunt in Toronto.",
+        "I sold my old bike to a neighbour.",
+        "I bought a new tent for camping.",
+        "I finished reading a novel by Murakami.",
+    ]
+    for n, text in enumerate(later):
+        await ingest(caller, [msg("alice", text)], session=f"later-{n}")
+    await drain()
+    reply = await prefetch(caller, hint="How are you holding up after losing Luna?")
+    assert reply.episodes, reply.text
+    shown = [e.session_id for e in reply.episodes]
+    # The walk keeps MEMSVC_PREFETCH_EPISODES (8) of the eleven: by recency alone, never Luna's.
+    assert len(shown) < 11, shown
+    assert "luna" in shown, [e.title for e in reply.episodes]
+
+
 async def test_prefetch_lists_only_finished_sessions(caller: Caller, drain: Drain) -> None:
     now = datetime.now(UTC)
 
