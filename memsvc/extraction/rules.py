@@ -132,7 +132,23 @@ def facts_of_statement(
         triples = [t for t in triples_of(clause) if t not in seen]
         seen.extend(triples)
         out.extend(_facts_of_clause(clause, triples, turn, split=len(parts) > 1))
+    if not out and len(parts) > 1 and _speaker_says_something(statement, parts):
+        # No clause stands alone, yet together they tell of the speaker ("I have something
+        # special too - this is my lucky charm, a ring from my grandmother"): one fact.
+        return _facts_of_clause(statement, seen, turn, split=False)
     return out
+
+
+def _speaker_says_something(statement: Statement, parts: Sequence[Statement]) -> bool:
+    """A clause has the speaker as its subject, none is taken back, and the sentence names
+    a thing (not only moods and pronouns)."""
+    if any(taken_back(p) for p in parts) or not informative(statement.sent, statement.words()):
+        return False
+    return any(
+        c.dep_ in ("nsubj", "nsubjpass") and c.lower_ in FIRST_SINGULAR | FIRST_PLURAL
+        for p in parts
+        for c in p.root.children
+    )
 
 
 def _about_something(clause: Statement) -> bool:
