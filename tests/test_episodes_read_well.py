@@ -49,6 +49,8 @@ CONVERSATIONS = {
         ["I'm planning a trip to Japan with my wife Sara next spring."],
         "Planning a trip to Japan",
     ),
+    # A time that is the object is what happened, not a date to leave out.
+    "chess": (["I just had a bad day at the chess club."], "Having a bad day at the chess club"),
 }
 
 

@@ -158,8 +158,11 @@ def _phrase(token: Token, allowed: set[int]) -> list[Token]:
     """The token's subtree within the clause, without times, fillers, punctuation and
     embedded clauses."""
     out: list[Token] = []
+    # A time that is the object is the thing itself ("had a bad day", "a rough week").
+    times_are_words = token.dep_ == "dobj" and token.ent_type_ in _TIME_ENTITIES
     for t in token.subtree:
-        if t.i not in allowed or t.ent_type_ in _TIME_ENTITIES or t.is_punct or t.is_space:
+        timed = t.ent_type_ in _TIME_ENTITIES and not times_are_words
+        if t.i not in allowed or timed or t.is_punct or t.is_space:
             continue
         if t.lower_ in _FILLERS or (
             t.i != token.i and t.dep_ in ("relcl", "advcl", "ccomp", "npadvmod")
