@@ -29,6 +29,7 @@ from memsvc.storage import (
     memories,
     outbox,
     retention,
+    sessions,
     versions,
 )
 from memsvc.storage.messages import StoredMessage, insert_messages
@@ -250,6 +251,18 @@ async def test_prefetch_reads(conn: asyncpg.Connection, scope: Scope) -> None:
         await prefetch_sql.recent_facts(db, scope, core_role="core", limit=10, timeout_s=10)
 
     _assert_single_shard(await _recorded(conn, run), expected_at_least=8)
+
+
+async def test_list_episodes(conn: asyncpg.Connection, scope: Scope) -> None:
+    """ListEpisodes, each episode with its topics (a subquery over its edges), on the user's
+    shard alone."""
+
+    async def run(rec: Recorder) -> None:
+        db: Any = rec
+        await sessions.list_episodes(db, scope, limit=5, after=None)
+        await sessions.list_episodes(db, scope, limit=5, after=None, session_id="s1")
+
+    _assert_single_shard(await _recorded(conn, run), expected_at_least=2)
 
 
 async def _remember_from(conn: asyncpg.Connection, scope: Scope, text: str, session: str) -> Any:
