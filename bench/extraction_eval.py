@@ -32,6 +32,9 @@ Figures:
 4. Prefetch check: share of questions whose evidence turns are sources of a fact or episode in
    the Prefetch packet (hint = the question, default budget) of the same scope(s), union of the
    two packets for both/neither: `any` (one evidence turn), `all`, and `share` (mean fraction).
+   A fact the per-user daily quota skipped (MEMSVC_DAILY_FACT_QUOTA) is missing from 1-4:
+   the run ingests months of sessions within one server day, so the summary says how many
+   were skipped; `--server-env MEMSVC_DAILY_FACT_QUOTA=100000` measures extraction alone.
 5. throughput: messages of DONE jobs per second, from the first job's created_at to the last
    DONE job's finished_at (server clocks), and the jobs' count by final state.
 Per category (1 multi-hop, 2 temporal, 3 open-domain, 4 single-hop, 5 adversarial) and overall.
@@ -223,12 +226,19 @@ async def wait_final(stub: Any, md: Any, jobs: list[Job], timeout_s: float) -> N
             await asyncio.sleep(0.5)
 
 
-async def list_facts(stub: Any, md: Any, scope: pb.Scope) -> list[pb.Memory]:
+async def list_facts(
+    stub: Any, md: Any, scope: pb.Scope, *, include_superseded: bool = False
+) -> list[pb.Memory]:
     facts: list[pb.Memory] = []
     token = ""
     while True:
         page = await stub.ListMemories(
-            pb.ListMemoriesRequest(scope=scope, page_size=500, page_token=token),
+            pb.ListMemoriesRequest(
+                scope=scope,
+                page_size=500,
+                page_token=token,
+                include_superseded=include_superseded,
+            ),
             metadata=md,
             timeout=30,
         )
@@ -255,6 +265,8 @@ class Stored:
     """What extraction left in the speaker scopes, and every item's source turns."""
 
     facts: dict[str, list[pb.Memory]] = field(default_factory=dict)  # user id -> facts
+    # user id -> every version: the current facts and those ended or replaced since.
+    versions: dict[str, list[pb.Memory]] = field(default_factory=dict)
     episodes: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     sources: dict[str, frozenset[str]] = field(default_factory=dict)  # memory/episode id
 
@@ -263,6 +275,9 @@ class Stored:
             for speaker in conv.speakers:
                 user = conv.users[speaker]
                 self.facts[user] = await list_facts(stub, md, conv.scope(speaker))
+                self.versions[user] = await list_facts(
+                    stub, md, conv.scope(speaker), include_superseded=True
+                )
                 self.episodes[user] = await export_episodes(stub, md, conv.scope(speaker))
                 for m in self.facts[user]:
                     self.sources[m.memory_id] = frozenset(m.source_message_ids)
@@ -361,11 +376,81 @@ def contradictions(stored: Stored) -> dict[str, Any]:
 
 
 def coverage(conversations: list[Conversation], stored: Stored) -> dict[str, Any]:
+    """Coverage by current facts (the figure quoted since the rules extractor), and by every
+    version: a fact a later statement ended ("I sold my car" ends "drives a Toyota") or
+    replaced is still memory of its turn (history, Recall as_of), so the second figure counts
+    it too; `ended_only` says what ended the facts that alone covered an observation."""
+    current = _coverage(conversations, stored.facts)
+    every = _coverage(conversations, stored.versions)
+    ended_only: Counter[str] = Counter()
+    for conv in conversations:
+        for speaker in conv.speakers:
+            versions = stored.versions.get(conv.users[speaker], [])
+            live = set().union(*(m.source_message_ids for m in stored.facts[conv.users[speaker]]))
+            by_id = {m.memory_id: m for m in versions}
+            for _, who, evidence in conv.observations():
+                if who != speaker or any(e in live for e in evidence):
+                    continue
+                ended = [
+                    m
+                    for m in versions
+                    if m.superseded_by_id or m.HasField("invalid_at")
+                    if any(e in m.source_message_ids for e in evidence)
+                ]
+                if ended:
+                    ended_only[_ended_by(ended[0], by_id)] += 1
+    return current | {
+        "including_ended": {k: every[k] for k in ("covered", "coverage_pct")},
+        "ended_only": dict(ended_only.most_common()),
+    }
+
+
+def fact_reach(conversations: list[Conversation], stored: Stored) -> dict[str, float]:
+    """The ceiling of FACT-only evidence recall: mean share of a question's evidence turns
+    that are sources of some current fact of the speaker(s) it names, and of some version
+    (current or ended). The gap between the two is what ending facts can cost R@k."""
+    current: list[float] = []
+    every: list[float] = []
+    for conv in conversations:
+        for qa in conv.sample["qa"]:
+            evidence = dia_ids(qa.get("evidence"))
+            users = [conv.users[s] for s in conv.named(str(qa["question"]))]
+            current.append(
+                evidence_share(
+                    [frozenset(m.source_message_ids) for u in users for m in stored.facts[u]],
+                    evidence,
+                )
+            )
+            every.append(
+                evidence_share(
+                    [frozenset(m.source_message_ids) for u in users for m in stored.versions[u]],
+                    evidence,
+                )
+            )
+    return {
+        "current_pct": round(100 * statistics.fmean(current), 1) if current else 0.0,
+        "including_ended_pct": round(100 * statistics.fmean(every), 1) if every else 0.0,
+    }
+
+
+def _ended_by(fact: pb.Memory, by_id: dict[str, pb.Memory]) -> str:
+    """What ended a fact: the predicate pair and whether the successor kept its value."""
+    successor = by_id.get(fact.superseded_by_id)
+    if successor is None:
+        return f"{fact.predicate or 'free text'} closed (no successor)"
+    same = successor.object == fact.object and successor.predicate == fact.predicate
+    kind = "restated" if same else "changed"
+    return f"{fact.predicate or 'free text'} -> {successor.predicate or 'free text'} ({kind})"
+
+
+def _coverage(
+    conversations: list[Conversation], facts: dict[str, list[pb.Memory]]
+) -> dict[str, Any]:
     covered = total = attainable = covered_attainable = 0
     per_conv: dict[str, dict[str, int]] = {}
     for conv in conversations:
         sources = {
-            s: set().union(*(m.source_message_ids for m in stored.facts[conv.users[s]]))
+            s: set().union(*(m.source_message_ids for m in facts[conv.users[s]]))
             for s in conv.speakers
         }
         c_total = c_covered = 0
@@ -464,6 +549,25 @@ class Calls:
         } | dict(self.extra)
 
 
+# A saturated server sheds a call at once (RESOURCE_EXHAUSTED, "retry shortly"): the eval
+# asks again, as a client should, rather than dying an hour into a run on a shared machine.
+SHED_RETRIES = 8
+
+
+async def shed_retried(rpc: Any, request: Any, md: Any, deadline_s: float, calls: Calls) -> Any:
+    """The call's answer, asked again with backoff (0.1 s doubling) while it is shed; the
+    retries are counted in ``calls.extra["shed_retries"]``."""
+    for attempt in range(SHED_RETRIES + 1):
+        try:
+            return await rpc(request, metadata=md, timeout=deadline_s)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED or attempt == SHED_RETRIES:
+                raise
+            calls.extra["shed_retries"] += 1
+            await asyncio.sleep(0.1 * 2**attempt)
+    raise AssertionError("unreachable")
+
+
 async def recall_questions(
     stub: Any,
     md: Any,
@@ -485,12 +589,14 @@ async def recall_questions(
                 ranked = []
                 for speaker in speakers:
                     started = time.perf_counter()
-                    reply = await stub.Recall(
+                    reply = await shed_retried(
+                        stub.Recall,
                         pb.RecallRequest(
                             scope=conv.scope(speaker), query=question, top_k=max(KS), types=types
                         ),
-                        metadata=md,
-                        timeout=deadline_s,
+                        md,
+                        deadline_s,
+                        calls[name],
                     )
                     calls[name].latencies.append(time.perf_counter() - started)
                     calls[name].degraded += reply.degraded
@@ -504,10 +610,12 @@ async def recall_questions(
             packets = []
             for speaker in speakers:
                 started = time.perf_counter()
-                packet = await stub.Prefetch(
+                packet = await shed_retried(
+                    stub.Prefetch,
                     pb.PrefetchRequest(scope=conv.scope(speaker), hint=question),
-                    metadata=md,
-                    timeout=deadline_s,
+                    md,
+                    deadline_s,
+                    calls["prefetch"],
                 )
                 calls["prefetch"].latencies.append(time.perf_counter() - started)
                 calls["prefetch"].degraded += packet.degraded
@@ -634,6 +742,13 @@ async def run(
         await stored.read(stub, md, conversations)
         figures["facts_per_session"] = facts_per_session(conversations, stored)
         figures["coverage"] = coverage(conversations, stored)
+        figures["fact_reach"] = fact_reach(conversations, stored)
+        print(
+            f"coverage: {figures['coverage']['coverage_pct']}%, with ended facts "
+            f"{figures['coverage']['including_ended']}; ended only: "
+            f"{figures['coverage']['ended_only']}; reach {figures['fact_reach']}",
+            flush=True,
+        )
         figures["contradictions"] = contradictions(stored)
         print(f"contradictory current facts: {figures['contradictions']}", flush=True)
         started = time.time()
@@ -719,6 +834,14 @@ def markdown(result: dict[str, Any]) -> str:
         f"({cov['covered']}/{cov['observations']}; of the {cov['attainable']} attainable: "
         f"{cov['coverage_of_attainable_pct']}%). Episodes stored: {fps['episodes_total']}.",
         "",
+        "Counting facts a later statement ended or replaced too (history): "
+        f"**{cov['including_ended']['coverage_pct']}%** ({cov['including_ended']['covered']}/"
+        f"{cov['observations']}); covered by an ended fact alone, by what ended it: "
+        f"{cov['ended_only']}. Ceiling of FACT-only evidence recall (evidence turns that "
+        f"are sources of a fact of the speaker(s) asked about): current facts "
+        f"{f['fact_reach']['current_pct']}%, every version "
+        f"{f['fact_reach']['including_ended_pct']}%.",
+        "",
         f"Contradictory current facts: {f['contradictions']['total']} over "
         f"{f['contradictions']['speakers']} speakers "
         f"({f['contradictions']['speakers_with_any']} with any; "
@@ -744,12 +867,27 @@ def markdown(result: dict[str, Any]) -> str:
         + ", ".join(f"{name} {c['degraded']}/{c['calls']}" for name, c in calls.items())
         + ".",
         "",
+        _quota_note(tp),
         f"Throughput: **{tp.get('messages_per_s')} messages/s** ({tp['messages_done']} messages "
         f"of DONE jobs in {tp.get('seconds')} s); jobs by state {tp['jobs_by_state']}; "
         f"dead {len(tp['dead'])}.",
         "",
     ]
     return "\n".join(lines)
+
+
+def _quota_note(throughput: dict[str, Any]) -> str:
+    """The run packs months of sessions into one server day: a fact the per-user daily
+    quota (MEMSVC_DAILY_FACT_QUOTA, 200 by default) skipped is a fact the same sessions on
+    their own days would have stored. Coverage and recall of such a run are understated."""
+    skipped = throughput.get("outcome_totals", {}).get("skipped_by_quota", 0)
+    if not skipped:
+        return "No fact was skipped by the daily quota.\n"
+    return (
+        f"**{skipped} extracted facts were skipped by the daily quota** (all sessions are "
+        "ingested within one server day; pass `--server-env MEMSVC_DAILY_FACT_QUOTA=100000` "
+        "to measure extraction rather than the quota).\n"
+    )
 
 
 def main() -> None:

@@ -1800,6 +1800,21 @@ MULTI = (
         expect=((r"\bNvidia\b",), (r"\bApple\b", r"left|no longer|former|until|" + month(2023, 5))),
         end=(r"works at Apple",),
     ),
+    # No clause stands alone ("I have something special too" says nothing; "this is …" is
+    # about no one named), yet the sentence tells of the speaker: it stays one fact.
+    Case(
+        "multi-dash-lucky-charm",
+        "By the way, I have something special too - this is my lucky charm, a ring my "
+        "grandmother gave me.",
+        at(2024, 3, 5),
+        expect=((r"lucky charm", r"grandmother"),),
+    ),
+    Case(
+        "multi-dash-first-quilt",
+        "Look what I made - this is my first quilt, it took me three months.",
+        at(2024, 9, 14),
+        expect=((r"\bquilt\b",),),
+    ),
 )
 
 

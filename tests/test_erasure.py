@@ -14,7 +14,7 @@ from memsvc.extraction.rules import RulesExtractor
 from memsvc.ingest.pipeline import ExtractionPipeline
 from memsvc.ingest.worker import OutboxWorker
 from memsvc.server.runtime import pipeline_settings, worker_settings
-from memsvc.storage.erasure import USER_TABLES, erase_memories
+from memsvc.storage.erasure import USER_TABLES, erase_memories, fed_topics
 from memsvc.storage.messages import StoredMessage, insert_messages
 from memsvc.storage.model import Scope
 from memsvc.v1 import memory_pb2 as pb
@@ -77,8 +77,9 @@ async def test_forgetting_one_memory_removes_every_derived_copy(
     assert [(e["summary"], e["embedding_state"]) for e in episodes] == [
         ("The user loves chess.", "missing")
     ]
-    # The topic only the erased facts fed ("home and places") is gone too.
-    assert [t["name"] for t in topics] == ["interests"]
+    # The topic only the erased facts fed (Zanzibar) is gone too; the one the kept fact
+    # names stays.
+    assert [t["name"] for t in topics] == ["chess"]
 
     # No tombstone: the same content is stored normally afterwards.
     await ingest(caller, [msg("alice", f"I live in {SECRET}.")], session="s3")
@@ -219,7 +220,14 @@ async def test_forgetting_a_memory_reaches_its_source_lines_in_another_users_ses
             text = f"Bob went to {SECRET} ({line})"
             record = await stored_fact(conn, speaker, text, session_id=session, message_id=line)
             kept.append(record.lineage_id)
-        assert await erase_memories(conn, speaker, kept, {}) == 2
+        assert await erase_memories(conn, speaker, kept) == 2
         assert (
             await conn.fetchval("SELECT count(*) FROM messages WHERE tenant_id = $1", tenant) == 0
         )
+
+
+def test_a_topic_stays_linked_only_while_a_remaining_fact_names_it() -> None:
+    remaining = ["The user got a new job at Stripe.", "The user loves chess."]
+    names = ["Stripe job", "Luna", "chess", "Santa Maria hospital", "CHESS"]
+    assert fed_topics(names, remaining) == ["Stripe job", "chess", "CHESS"]
+    assert fed_topics(names, []) == []

@@ -178,8 +178,8 @@ async def test_counterpart_persona_stamps_every_row(caller: Caller, drain, pool)
 
 async def test_topics_are_merged_into_the_users_own_topics(caller: Caller, drain, pool) -> None:  # type: ignore[no-untyped-def]
     await ingest(caller, [msg("alice", "I live in Oslo.")], session="s1")
-    await ingest(caller, [msg("alice", "I'm from Bergen.")], session="s2")
-    await ingest(caller, [msg("bob", "I live in Rome.")], user="bob", session="s3")
+    await ingest(caller, [msg("alice", "I love skiing near Oslo.")], session="s2")
+    await ingest(caller, [msg("bob", "I live in Oslo.")], user="bob", session="s3")
     await drain()
     async with pool.acquire() as conn:
         rows = await conn.fetch(
@@ -191,8 +191,8 @@ async def test_topics_are_merged_into_the_users_own_topics(caller: Caller, drain
             caller.tenant_id,
         )
     assert [(r["user_id"], r["name"], r["weight"]) for r in rows] == [
-        ("alice", "home and places", 2.0),
-        ("bob", "home and places", 1.0),
+        ("alice", "Oslo", 2.0),
+        ("bob", "Oslo", 1.0),
     ]
     assert edges == 2
 

@@ -255,7 +255,8 @@ async def test_good_extraction(fake_chat: FakeChat, extractor: OpenAIChatExtract
     hiking = result.facts[4]
     assert hiking.valid_from == datetime(2025, 2, 28, tzinfo=UTC)
     assert (hiking.predicate, hiking.object) == ("", "")
-    assert result.topics == ("diet", "family", "home town")
+    # Cased as the model wrote them; one of each whatever the casing.
+    assert result.topics == ("Diet", "family", "home town")
 
     assert len(fake_chat.requests) == 1
     path, headers, request = fake_chat.requests[0]
@@ -278,6 +279,18 @@ async def test_good_extraction(fake_chat: FakeChat, extractor: OpenAIChatExtract
     assert question["categories"] == list(CATEGORIES)
     assert question["roles"] == list(ROLES)
     assert question["max_facts"] == 50
+    # No name was sent: the model is told so, and titles the episode without one.
+    assert question["speaker_name"] == ""
+
+
+async def test_the_model_is_given_the_speakers_name_for_the_title(
+    fake_chat: FakeChat, extractor: OpenAIChatExtractor
+) -> None:
+    fake_chat.script(chat(good_answer()))
+    await extractor.extract(replace(speaker_input(), speaker_name="Dana"))
+    assert fake_chat.question()["speaker_name"] == "Dana"
+    system = fake_chat.requests[0][2]["messages"][0]["content"]
+    assert "Dana's move to Porto" in system
 
 
 async def test_unknown_vocabulary_and_foreign_ids_are_dropped(

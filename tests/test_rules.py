@@ -186,7 +186,7 @@ async def test_extract_keeps_sources_and_caps_facts() -> None:
     assert out.episode is not None and out.episode.source_message_ids == tuple(
         f"m{i}" for i in range(5)
     )
-    assert out.topics == ("interests",)
+    assert out.topics == ("sport number",)
 
 
 def candidate(content: str, predicate: str, obj: str, **kw: object) -> CandidateFact:

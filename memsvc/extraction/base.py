@@ -37,6 +37,8 @@ class ExtractionInput:
     categories: tuple[str, ...]
     roles: tuple[str, ...]
     max_facts: int
+    # The speaker's name as the caller sent it (Message.sender_name), "" when none was.
+    speaker_name: str = ""
 
 
 @dataclass(frozen=True)

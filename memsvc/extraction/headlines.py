@@ -2,8 +2,10 @@
 
 "We moved to Porto last month" -> "Moving to Porto"; "My cat Luna passed away this morning"
 -> "Luna passing away"; "I don't work at Google anymore" -> "No longer working at Google".
-The words are the speaker's own, with their casing (names stay capitalized); times are left
-out (the episode has its dates), and so are hedges and fillers.
+With the speaker's name (when the caller sent one): "Dana's move to Porto", "Dana's cat Luna
+passing away", "Dana no longer working at Google". The words are the speaker's own, with
+their casing (names stay capitalized); times are left out (the episode has its dates), and so
+are hedges and fillers.
 """
 
 from __future__ import annotations
@@ -38,12 +40,34 @@ _POINTING = frozenset({"it", "this", "that", "they", "there", "these", "those", 
 _SUBJECTS = frozenset({"nsubj", "nsubjpass"})
 _MAX_WORDS = 9
 _MIN_WORDS = 2
+# Verbs whose event has a noun of its own, for a title with the speaker's name: "Dana's move
+# to Porto" rather than "Dana moving to Porto". A closed list: English derivation is a
+# lexicon question (move -> move, retire -> retirement), and a verb not listed reads well
+# as a gerund.
+_EVENT_NOUNS = {
+    "move": "move",
+    "relocate": "relocation",
+    "retire": "retirement",
+    "graduate": "graduation",
+    "visit": "visit",
+    "return": "return",
+    "switch": "switch",
+    "transfer": "transfer",
+    "trip": "trip",
+    "travel": "travels",
+    "divorce": "divorce",
+    "recover": "recovery",
+    "arrive": "arrival",
+    "hike": "hike",
+    "climb": "climb",
+}
 
 
-def headline(statement: Statement) -> str | None:
+def headline(statement: Statement, speaker: str = "") -> str | None:
     """The statement as a title: its first clause that makes one ("I got a new job at
     Stripe, I start Monday" -> "Getting a new job at Stripe"), or None (a command, a
-    sentence about "it", a bare verb)."""
+    sentence about "it", a bare verb). ``speaker``: the speaker's name, when known ("Dana
+    getting a new job at Stripe")."""
     if statement.imperative:
         return None
     own = {t.i for t in statement.words()}
@@ -53,23 +77,24 @@ def headline(statement: Statement) -> str | None:
         for other in roots:
             if other.i != root.i and other.i in allowed:
                 allowed -= {t.i for t in other.subtree}
-        title = _clause_title(root, allowed, dict(statement.refs))
+        title = _clause_title(root, allowed, dict(statement.refs), speaker)
         if title is not None:
             return title
     return None
 
 
-def _clause_title(root: Token, allowed: set[int], refs: dict[int, str]) -> str | None:
+def _clause_title(root: Token, allowed: set[int], refs: dict[int, str], speaker: str) -> str | None:
     if root.pos_ not in ("VERB", "AUX"):
         return None
-    who = _who(root, allowed, refs)
+    who = _who(root, allowed, refs, speaker)
     if who is None:
         return None
     verb = lemma(root)
     negated = is_negated(root)
     if verb in _LIKING and not negated:
+        # What is liked is the title, whoever likes it ("Hiking in the Alps").
         liked = next((c for c in root.children if c.dep_ in ("dobj", "xcomp")), None)
-        words = [_word(t) for t in _phrase(liked, allowed)] if liked is not None else []
+        words = [_word(t, speaker) for t in _phrase(liked, allowed)] if liked is not None else []
         return _title(words) if words else None
     head = _gerund(verb)
     if head is None:
@@ -78,11 +103,15 @@ def _clause_title(root: Token, allowed: set[int], refs: dict[int, str]) -> str |
     for child in root.children:
         purpose = child.dep_ == "advcl" and any(c.lower_ == "to" for c in child.children)
         if child.i > root.i and (child.dep_ in _KEPT or purpose) and child.i in allowed:
-            tail.extend(_word(t) for t in _phrase(child, allowed))
+            tail.extend(_word(t, speaker) for t in _phrase(child, allowed))
     if not tail and verb in ("be", "have", "do", "get"):
         return None  # "Being", "Having": says nothing
     if verb == "be" and any(c.ent_type_ == "PERSON" for c in root.children if c.dep_ == "attr"):
         return None  # "I'm Dana": a name, not what the conversation was about
+    noun = _EVENT_NOUNS.get(verb)
+    prepositional = all(c.dep_ != "dobj" for c in root.children if c.i in allowed)
+    if who == [speaker] and speaker and noun and not negated and tail and prepositional:
+        return _title([f"{speaker}'s", noun, *tail])  # "Dana's move to Porto"
     words = [*who, head, *tail]
     if negated:
         ended = any(root.doc[i].lower_ in _ENDED for i in allowed)
@@ -92,27 +121,34 @@ def _clause_title(root: Token, allowed: set[int], refs: dict[int, str]) -> str |
     return _title(words)
 
 
-def _who(root: Token, allowed: set[int], refs: dict[int, str]) -> list[str] | None:
-    """The title's subject: nothing for the speaker; a name (or "the user's sister") for
-    someone else; None when it points back unresolved ("it", "they")."""
+def _who(root: Token, allowed: set[int], refs: dict[int, str], speaker: str) -> list[str] | None:
+    """The title's subject: the speaker's name, or nothing when it is not known; a name (or
+    "the user's sister") for someone else; None when it points back unresolved ("it",
+    "they")."""
     subj = next((c for c in root.children if c.dep_ in _SUBJECTS), None)
     if subj is None or subj.lower_ in FIRST_SINGULAR | FIRST_PLURAL:
-        return []  # "Just got back from Paris": the speaker, dropped
+        # "Just got back from Paris", "We moved to Porto": the speaker.
+        return [speaker] if speaker else []
     if subj.i in refs:
-        return _named(refs[subj.i].split())
+        return _named(refs[subj.i].split(), speaker)
     if subj.lower_ in _POINTING or subj.pos_ == "PRON":
         return None
     phrase = [t for t in subj.subtree if t.i in allowed and not t.is_punct]
     names = [t.text for t in phrase if t.pos_ == "PROPN"]
     if names and not any(t.dep_ == "conj" for t in phrase):
+        if speaker and any(t.lower_ in ("my", "our") for t in phrase):
+            return [_word(t, speaker) for t in phrase]  # "Dana's cat Luna"
         return names  # "My cat Luna" -> "Luna"
-    return [_word(t) for t in phrase]
+    return [_word(t, speaker) for t in phrase]
 
 
-def _named(relation: list[str]) -> list[str]:
-    """ "user's sister Rita" -> ["Rita"]; "user's mom" -> ["the user's", "mom"]."""
+def _named(relation: list[str], speaker: str) -> list[str]:
+    """ "user's sister Rita" -> ["Rita"] (with the speaker's name: ["Dana's", "sister",
+    "Rita"]); "user's mom" -> ["the user's", "mom"]."""
     if relation and relation[0] == "user's":
         relation = relation[1:]
+        if speaker:
+            return [f"{speaker}'s", *relation]
         named = [w for w in relation if w[:1].isupper()]
         return named or ["the user's", *relation]
     return relation
@@ -122,8 +158,11 @@ def _phrase(token: Token, allowed: set[int]) -> list[Token]:
     """The token's subtree within the clause, without times, fillers, punctuation and
     embedded clauses."""
     out: list[Token] = []
+    # A time that is the object is the thing itself ("had a bad day", "a rough week").
+    times_are_words = token.dep_ == "dobj" and token.ent_type_ in _TIME_ENTITIES
     for t in token.subtree:
-        if t.i not in allowed or t.ent_type_ in _TIME_ENTITIES or t.is_punct or t.is_space:
+        timed = t.ent_type_ in _TIME_ENTITIES and not times_are_words
+        if t.i not in allowed or timed or t.is_punct or t.is_space:
             continue
         if t.lower_ in _FILLERS or (
             t.i != token.i and t.dep_ in ("relcl", "advcl", "ccomp", "npadvmod")
@@ -147,13 +186,13 @@ def _heads(token: Token, stop: Token) -> list[Token]:
     return chain
 
 
-def _word(token: Token) -> str:
-    """A token as a title says it: "my" reads "the user's"."""
+def _word(token: Token, speaker: str = "") -> str:
+    """A token as a title says it: "my" reads "the user's" (or "Dana's")."""
     lower = token.lower_
     if lower in ("my", "our", "mine", "ours"):
-        return "the user's"
+        return f"{speaker}'s" if speaker else "the user's"
     if lower in ("i", "me", "us", "we", "myself", "ourselves"):
-        return "the user"
+        return speaker or "the user"
     return token.text
 
 

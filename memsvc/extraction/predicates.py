@@ -1,4 +1,4 @@
-"""The predicates extraction knows, their topics, and the closed vocabularies behind them."""
+"""The predicates extraction knows, and the closed vocabularies behind them."""
 
 from __future__ import annotations
 
@@ -32,37 +32,6 @@ def affirmative(predicate: str) -> str:
 HISTORICAL_OF = {"lived_in": "lives_in", "worked_at": "works_at", "was": "occupation"}
 # Predicates that reverse each other: a statement of one ends the other of the same object.
 OPPOSITE = {"likes": "dislikes", "dislikes": "likes"}
-
-# The rules extractor's topic of each predicate ("" is a fact with no triple: an event, an
-# experience, an opinion). Erasure relies on this map to know which topics a fact fed.
-TOPIC_OF_PREDICATE = {
-    "name": "identity",
-    "birthday": "identity",
-    "age": "identity",
-    "diet": "food and diet",
-    "allergy": "food and diet",
-    "avoids": "food and diet",
-    "likes": "interests",
-    "dislikes": "interests",
-    "prefers": "interests",
-    "favorite": "interests",
-    "family": "family",
-    "pet": "family",
-    "has": "family",
-    "relationship_status": "family",
-    "lives_in": "home and places",
-    "lived_in": "home and places",
-    "origin": "home and places",
-    "works_at": "work",
-    "worked_at": "work",
-    "occupation": "work",
-    "was": "work",
-    "plans": "plans and goals",
-    "wants": "plans and goals",
-    "goal": "plans and goals",
-    "note": "notes",
-    "": "events and experiences",
-}
 
 # Closed vocabularies: a word list is the right tool for these (spaCy tags the words; whether a
 # noun names a relative, a pet, a diet or a job is a lexicon question, not a parsing one).

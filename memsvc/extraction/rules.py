@@ -40,7 +40,6 @@ from memsvc.extraction.episodes import Mention, subject_mentions, summarize
 from memsvc.extraction.headlines import headline
 from memsvc.extraction.language import LanguageModel, load_language_model, verify_installed_model
 from memsvc.extraction.parser_process import parse_elsewhere
-from memsvc.extraction.predicates import TOPIC_OF_PREDICATE
 from memsvc.extraction.sentences import (
     FIRST_PLURAL,
     FIRST_SINGULAR,
@@ -55,6 +54,7 @@ from memsvc.extraction.sentences import (
     restore_subject,
     salience,
 )
+from memsvc.extraction.topics import Term, fallback_terms, rank, terms_of
 from memsvc.extraction.triples import Triple, triples_of
 
 _CATEGORY = {
@@ -132,7 +132,23 @@ def facts_of_statement(
         triples = [t for t in triples_of(clause) if t not in seen]
         seen.extend(triples)
         out.extend(_facts_of_clause(clause, triples, turn, split=len(parts) > 1))
+    if not out and len(parts) > 1 and _speaker_says_something(statement, parts):
+        # No clause stands alone, yet together they tell of the speaker ("I have something
+        # special too - this is my lucky charm, a ring from my grandmother"): one fact.
+        return _facts_of_clause(statement, seen, turn, split=False)
     return out
+
+
+def _speaker_says_something(statement: Statement, parts: Sequence[Statement]) -> bool:
+    """A clause has the speaker as its subject, none is taken back, and the sentence names
+    a thing (not only moods and pronouns)."""
+    if any(taken_back(p) for p in parts) or not informative(statement.sent, statement.words()):
+        return False
+    return any(
+        c.dep_ in ("nsubj", "nsubjpass") and c.lower_ in FIRST_SINGULAR | FIRST_PLURAL
+        for p in parts
+        for c in p.root.children
+    )
 
 
 def _about_something(clause: Statement) -> bool:
@@ -270,13 +286,17 @@ def facts_of_turn(
     doc: Doc,
     mentions: Mentions | None = None,
     titles: list[tuple[int, str]] | None = None,
+    terms: list[Term] | None = None,
+    speaker: str = "",
 ) -> list[CandidateFact]:
     """At most _SENTENCES_PER_TURN of a turn's sentences as facts (the most salient, in the
     order said), plus every profile triple and every change of the others. A sentence's
     pronouns resolve to the people and pets named before them in the turn; a joke taken back
     ("just kidding") takes the whole turn with it. `mentions`: those carried from the
     speaker's turn before; this turn's are added to it. `titles`, when given, receives
-    (salience, headline) of each sentence that gave facts (the episode's title candidates)."""
+    (salience, headline) of each sentence that gave facts (the episode's title candidates),
+    and `terms` what those sentences were about (its topic candidates). `speaker`: the
+    speaker's name for the titles, "" when unknown."""
     if INJECTION.search(said.turn.text) or retracts(said.turn.text):
         return []
     mentions = mentions if mentions is not None else Mentions()
@@ -299,8 +319,14 @@ def facts_of_turn(
                 f for f in found_facts if (f.predicate and f.predicate != "plans") or f.ends
             ]
         facts.extend(found_facts)
-        if titles is not None and found_facts and (title := headline(statement)) is not None:
+        if (
+            titles is not None
+            and found_facts
+            and (title := headline(statement, speaker)) is not None
+        ):
             titles.append((salience(statement), title))
+        if terms is not None and found_facts:
+            terms.extend(terms_of(statement.sent, statement.words()))
     if not facts and said.explicit and (note := _note(said)) is not None:
         facts.append(note)
     return facts
@@ -344,6 +370,8 @@ class Parsed:
     titles: tuple[tuple[int, str], ...] = ()
     # (message id, text) of what was said without being asserted (Reading.unasserted).
     unasserted: tuple[tuple[str, str], ...] = ()
+    # What the sentences that gave facts were about, in turn order (topic candidates).
+    terms: tuple[Term, ...] = ()
 
 
 def _chunks(data: ExtractionInput, max_chars: int) -> list[ExtractionInput]:
@@ -373,14 +401,18 @@ def _assemble(data: ExtractionInput, parts: Sequence[Parsed]) -> Extraction:
                 seen.add(key)
                 facts.append(_fit(fact, data.categories, data.roles))
     facts = facts[: data.max_facts]
-    topics = tuple(sorted({TOPIC_OF_PREDICATE.get(f.predicate, "conversation") for f in facts}))
     mentions = [mention for part in parts for mention in part.mentions]
     titles = [title for part in parts for title in part.titles]
-    return Extraction(
-        episode=summarize(data.turns, facts, mentions, titles),
-        facts=tuple(facts),
-        topics=topics or ("conversation",),
+    episode = summarize(data.turns, facts, mentions, titles)
+    # The speaker's own name is who talked, not what about ("I'm Dana").
+    names = [f.object for f in facts if f.subject == "user" and f.predicate == "name"]
+    topics = rank(
+        [term for part in parts for term in part.terms], leave_out=[data.speaker_name, *names]
     )
+    if not topics:
+        # No statement gave a fact: the things talked about most name the conversation.
+        topics = rank(fallback_terms(mentions), leave_out=[data.speaker_name, *names])
+    return Extraction(episode=episode, facts=tuple(facts), topics=topics)
 
 
 class RulesExtractor:
@@ -429,6 +461,7 @@ class RulesExtractor:
         said_before = ""
         mentions = Mentions()
         titles: dict[str, list[tuple[int, str]]] = {}
+        terms: dict[str, list[Term]] = {}
         # Coreference and "jk" reach back within the chunk parsed (a job's turns up to
         # PARSE_CHUNK_CHARS), not across chunks.
         unasserted: list[tuple[str, str]] = []
@@ -437,17 +470,20 @@ class RulesExtractor:
                 # "I'm a billionaire." / "jk": the joke of the turn before is taken back.
                 facts = [f for f in facts if previous not in f.source_message_ids]
                 titles.pop(previous, None)
+                terms.pop(previous, None)
                 unasserted.append((previous, said_before))
             unasserted.extend(_unasserted(item, doc))
             previous, said_before = item.turn.message_id, item.turn.text
             mentions = mentions.carried()
             own = titles.setdefault(item.turn.message_id, [])
-            facts.extend(facts_of_turn(item, doc, mentions, own))
+            about = terms.setdefault(item.turn.message_id, [])
+            facts.extend(facts_of_turn(item, doc, mentions, own, about, data.speaker_name))
         return Parsed(
             tuple(facts),
             tuple(subject_mentions(docs)),
             tuple(title for own in titles.values() for title in own),
             tuple(unasserted),
+            tuple(term for about in terms.values() for term in about),
         )
 
     async def extract(self, data: ExtractionInput) -> Extraction:

@@ -132,6 +132,8 @@ class _Speaker:
     scope: Scope
     turns: list[Turn] = field(default_factory=list)
     goals: tuple[str, ...] = ()
+    # The name the caller last sent for this speaker (Message.sender_name), "" when none.
+    name: str = ""
 
 
 @dataclass(frozen=True)
@@ -276,6 +278,11 @@ class ExtractionPipeline:
                 speaker = _Speaker(Scope(job.scope.tenant_id, sender, persona, job.scope.agent_id))
                 by_sender[sender] = speaker
             speaker.turns.append(Turn(r["message_id"], r["text"], r["sent_at"]))
+            # Only a name the caller sent: a sender_id is a handle ("bob", "alice"), and a
+            # name screened out at Ingest is a placeholder, no name.
+            name = (r["sender_name"] or "").strip()
+            if name and not placeholder_kinds(name):
+                speaker.name = name
         goals = payload.goals
         if goals:
             owner = job.scope.user_id
@@ -329,13 +336,18 @@ class ExtractionPipeline:
                         categories=self._settings.categories,
                         roles=self._settings.roles,
                         max_facts=self._settings.max_facts_per_episode,
+                        speaker_name=speaker.name,
                     )
                 )
             )
         candidates = self._screen(extraction.facts, kept, outcome) + self._goal_facts(speaker)
-        topics = tuple(
-            dict.fromkeys(t.strip().lower()[:80] for t in extraction.topics if t.strip())
-        )
+        # Cased as said ("Porto", "Stripe job"); one of each whatever its casing.
+        firsts: dict[str, str] = {}
+        for t in extraction.topics:
+            name = " ".join(t.split())[:80]
+            if name:
+                firsts.setdefault(name.casefold(), name)
+        topics = tuple(firsts.values())
         policy = await self._guard.policy(scope.tenant_id)
         candidates = self._screen_pii(candidates, policy, outcome)
         topics = self._screen_topics(topics, policy)

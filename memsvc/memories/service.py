@@ -16,7 +16,6 @@ from memsvc.cache.invalidation import PacketInvalidator
 from memsvc.concurrency.deadline import Budget
 from memsvc.embedding import Embedder, EmbeddingError
 from memsvc.errors import FailedPrecondition, InvalidArgument, NotFound
-from memsvc.extraction.predicates import TOPIC_OF_PREDICATE
 from memsvc.governance import trust
 from memsvc.governance.compaction import CoreCompactor
 from memsvc.governance.guard import PiiGuard
@@ -273,9 +272,7 @@ class MemoryService:
                         + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
                         + "; nothing was deleted"
                     )
-                deleted = await erasure.erase_memories(
-                    conn, scope, list(set(found.values())), TOPIC_OF_PREDICATE
-                )
+                deleted = await erasure.erase_memories(conn, scope, list(set(found.values())))
             if not erase_user:
                 await versions.bump_version(conn, scope.tenant_id, scope.user_id)
             # Erasure too: its one 'erased' change is news to every watcher of the user.

@@ -38,6 +38,7 @@ def episode(record: EpisodeRecord) -> pb.Episode:
         source_message_ids=list(record.source_message_ids),
         started_at=timestamp(record.started_at),
         ended_at=timestamp(record.ended_at),
+        topics=list(record.topics),
     )
 
 

@@ -19,4 +19,5 @@ def episode_from_row(row: asyncpg.Record) -> EpisodeRecord:
         started_at=row["started_at"],
         ended_at=row["ended_at"],
         expires_at=row["expires_at"],
+        topics=tuple(row["topics"]) if "topics" in row else (),
     )

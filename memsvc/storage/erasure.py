@@ -9,8 +9,9 @@ source messages gone and writes nothing.
 
 from __future__ import annotations
 
+import re
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from memsvc.storage import changes, messages
 from memsvc.storage.conditions import EXACT_SCOPE
@@ -93,13 +94,11 @@ async def erase_memories(
     conn: Connection,
     scope: Scope,
     lineage_ids: Sequence[uuid.UUID],
-    topic_of_predicate: Mapping[str, str],
 ) -> int:
     """Every version of the given memories and what was derived from them: their source
     messages, the episodes' text (an episode with no other fact goes entirely, another is
-    rewritten from its remaining facts and re-embedded), and topics left without episodes
-    (`topic_of_predicate`: the extractor's topic for each predicate it stores).
-    Returns memory rows deleted."""
+    rewritten from its remaining facts and re-embedded), the episodes' topics no remaining
+    fact names (fed_topics), and topics left without episodes. Returns memory rows deleted."""
     tenant, user = scope.tenant_id, scope.user_id
     await lock_user(conn, tenant, user)
     rows = await conn.fetch(
@@ -159,7 +158,7 @@ async def erase_memories(
                 source_ids,
             )
     await messages.reindex_sessions(conn, touched)
-    await _rewrite_episodes(conn, tenant, user, episodes, topic_of_predicate)
+    await _rewrite_episodes(conn, tenant, user, episodes)
     await conn.execute(
         "DELETE FROM topics t WHERE t.tenant_id = $1 AND t.user_id = $2 AND NOT EXISTS ("
         " SELECT 1 FROM topic_episodes e WHERE e.tenant_id = t.tenant_id"
@@ -175,7 +174,6 @@ async def _rewrite_episodes(
     tenant: str,
     user: str,
     episode_ids: Sequence[uuid.UUID],
-    topic_of_predicate: Mapping[str, str],
 ) -> None:
     """Episodes that summarised an erased fact: gone when it was their only fact, otherwise
     rebuilt from the facts that remain (free text that may quote the erased fact — summary,
@@ -219,17 +217,42 @@ async def _rewrite_episodes(
             " ".join(r["content"] for r in remaining),
             title,
         )
-        # Topics the erased facts alone fed. Known only when every remaining fact's predicate
-        # maps to a topic (the rules extractor's); otherwise every topic edge is kept.
-        kept = {topic_of_predicate.get(r["predicate"]) for r in remaining}
-        if None not in kept:
-            await conn.execute(
-                "DELETE FROM topic_episodes te USING topics t"
-                " WHERE te.tenant_id = $1 AND te.user_id = $2 AND te.episode_id = $3"
-                " AND t.tenant_id = te.tenant_id AND t.user_id = te.user_id"
-                " AND t.topic_id = te.topic_id AND NOT (t.name = ANY($4::text[]))",
-                tenant,
-                user,
-                episode_id,
-                sorted(k for k in kept if k is not None),
-            )
+        # Topics the erased facts alone fed: those no remaining fact names.
+        linked = await conn.fetch(
+            "SELECT t.topic_id, t.name FROM topic_episodes te JOIN topics t"
+            " ON t.tenant_id = te.tenant_id AND t.user_id = te.user_id"
+            " AND t.topic_id = te.topic_id"
+            " WHERE te.tenant_id = $1 AND te.user_id = $2 AND te.episode_id = $3",
+            tenant,
+            user,
+            episode_id,
+        )
+        kept = set(fed_topics([r["name"] for r in linked], [r["content"] for r in remaining]))
+        await conn.execute(
+            "DELETE FROM topic_episodes WHERE tenant_id = $1 AND user_id = $2"
+            " AND episode_id = $3 AND topic_id = ANY($4::uuid[])",
+            tenant,
+            user,
+            episode_id,
+            [r["topic_id"] for r in linked if r["name"] not in kept],
+        )
+
+
+# Words as a topic name and a fact's content share them ("Stripe job" in "The user got a new
+# job at Stripe."): runs of letters and digits, which is all a topic's words are.
+_WORD = re.compile(r"\w+")
+
+
+def fed_topics(names: Sequence[str], contents: Sequence[str]) -> list[str]:
+    """The topic names some content still names: every word of the name is a word of one
+    content, whatever the case. The rules extractor takes a topic's words from the sentence
+    a fact came from, and a fact's content says that sentence again, so a topic no remaining
+    fact names was fed by erased facts alone (or by free text: dropped too, as erasure must
+    err)."""
+    said = [set(_WORD.findall(c.casefold())) for c in contents]
+    return [
+        name
+        for name in names
+        if (words := set(_WORD.findall(name.casefold())))
+        and any(words <= content for content in said)
+    ]

@@ -127,8 +127,8 @@ async def messages_of_ingest(
 ) -> list[asyncpg.Record]:
     """The messages an ingest stored, in conversation order; ``unit`` is what to embed."""
     rows: list[asyncpg.Record] = await conn.fetch(
-        "SELECT session_id, message_id, sender_id, role, text, sent_at, embedding_state,"
-        f" {UNIT_SQL} AS unit"
+        "SELECT session_id, message_id, sender_id, sender_name, role, text, sent_at,"
+        f" embedding_state, {UNIT_SQL} AS unit"
         " FROM messages WHERE tenant_id = $1 AND user_id = $2 AND persona_id = $3"
         " AND agent_id = $4 AND ingest_id = $5 ORDER BY sent_at, message_id",
         scope.tenant_id,

@@ -214,3 +214,5 @@ class EpisodeRecord:
     ended_at: datetime
     # When it expires with its source messages (never: None).
     expires_at: datetime | None = None
+    # What it was about ("Porto", "Stripe job"), where the read asked for it.
+    topics: tuple[str, ...] = ()

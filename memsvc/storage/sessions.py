@@ -120,6 +120,18 @@ EPISODE_COLUMNS = (
 )
 
 
+# An episode's topic names, the user's most talked-about first. The edges are read by the
+# parameters ($1, $2), not the outer row's columns: on Citus a correlated subquery keyed by
+# the outer row is planned over every shard.
+_TOPICS = (
+    "coalesce((SELECT array_agg(t.name ORDER BY t.weight DESC, t.name)"
+    " FROM topic_episodes te JOIN topics t ON t.tenant_id = te.tenant_id"
+    " AND t.user_id = te.user_id AND t.topic_id = te.topic_id"
+    " WHERE te.tenant_id = $1 AND te.user_id = $2 AND t.user_id = $2"
+    " AND te.episode_id = e.episode_id), '{}')"
+)
+
+
 async def list_episodes(
     conn: Connection,
     scope: Scope,
@@ -131,7 +143,8 @@ async def list_episodes(
     """Up to `limit` episodes of exactly this scope (optionally one session's), most
     recently ended first, after the keyset (ended_at, episode_id)."""
     rows: list[asyncpg.Record] = await conn.fetch(
-        f"SELECT {EPISODE_COLUMNS} FROM episodes WHERE {EXACT_SCOPE} AND {NOT_EXPIRED}"
+        f"SELECT {EPISODE_COLUMNS}, {_TOPICS} AS topics"
+        f" FROM episodes e WHERE {EXACT_SCOPE} AND {NOT_EXPIRED}"
         " AND ($5 = '' OR session_id = $5)"
         " AND ($6::timestamptz IS NULL OR (ended_at, episode_id) < ($6::timestamptz, $7::uuid))"
         " ORDER BY ended_at DESC, episode_id DESC LIMIT $8",

@@ -1338,6 +1338,7 @@ class Episode(_message.Message):
     SOURCE_MESSAGE_IDS_FIELD_NUMBER: _builtins.int
     STARTED_AT_FIELD_NUMBER: _builtins.int
     ENDED_AT_FIELD_NUMBER: _builtins.int
+    TOPICS_FIELD_NUMBER: _builtins.int
     episode_id: _builtins.str
     """UUID assigned by memsvc."""
     session_id: _builtins.str
@@ -1364,6 +1365,13 @@ class Episode(_message.Message):
     def ended_at(self) -> _timestamp_pb2.Timestamp:
         """Last message of the session (UTC)."""
 
+    @_builtins.property
+    def topics(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """What the conversation was about, cased as said ("Porto", "Stripe job", "Luna"; not a
+        category such as "work"), the most talked-about across the user's episodes first. Filled
+        by ListEpisodes; empty in a Prefetch packet (its text is what a prompt reads).
+        """
+
     def __init__(
         self,
         *,
@@ -1376,10 +1384,11 @@ class Episode(_message.Message):
         source_message_ids: _abc.Iterable[_builtins.str] | None = ...,
         started_at: _timestamp_pb2.Timestamp | None = ...,
         ended_at: _timestamp_pb2.Timestamp | None = ...,
+        topics: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["ended_at", b"ended_at", "scope", b"scope", "started_at", b"started_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ended_at", b"ended_at", "episode_id", b"episode_id", "excerpt", b"excerpt", "scope", b"scope", "session_id", b"session_id", "source_message_ids", b"source_message_ids", "started_at", b"started_at", "summary", b"summary", "title", b"title"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ended_at", b"ended_at", "episode_id", b"episode_id", "excerpt", b"excerpt", "scope", b"scope", "session_id", b"session_id", "source_message_ids", b"source_message_ids", "started_at", b"started_at", "summary", b"summary", "title", b"title", "topics", b"topics"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -29,6 +29,7 @@ from memsvc.storage import (
     memories,
     outbox,
     retention,
+    sessions,
     versions,
 )
 from memsvc.storage.messages import StoredMessage, insert_messages
@@ -252,6 +253,18 @@ async def test_prefetch_reads(conn: asyncpg.Connection, scope: Scope) -> None:
     _assert_single_shard(await _recorded(conn, run), expected_at_least=8)
 
 
+async def test_list_episodes(conn: asyncpg.Connection, scope: Scope) -> None:
+    """ListEpisodes, each episode with its topics (a subquery over its edges), on the user's
+    shard alone."""
+
+    async def run(rec: Recorder) -> None:
+        db: Any = rec
+        await sessions.list_episodes(db, scope, limit=5, after=None)
+        await sessions.list_episodes(db, scope, limit=5, after=None, session_id="s1")
+
+    _assert_single_shard(await _recorded(conn, run), expected_at_least=2)
+
+
 async def _remember_from(conn: asyncpg.Connection, scope: Scope, text: str, session: str) -> Any:
     """A memory taken from a message of the user's own session, as extraction stores one."""
     sent = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
@@ -303,7 +316,7 @@ async def test_forget_statements(conn: asyncpg.Connection, scope: Scope, what: s
         db: Any = rec
         if what == "ids":
             found = await memories.owned_lineages(db, scope, [record.memory_id])
-            assert await erasure.erase_memories(db, scope, list(found.values()), {}) == 1
+            assert await erasure.erase_memories(db, scope, list(found.values())) == 1
         else:
             assert await erasure.erase_scope(db, scope) == 1
         await versions.bump_version(db, scope.tenant_id, scope.user_id)
