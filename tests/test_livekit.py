@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 
 import asyncpg
@@ -50,9 +50,14 @@ async def messages_stored(pool: asyncpg.Pool, tenant: str) -> list[tuple[str, st
 
 
 @pytest.fixture
-async def client(server: MemsvcServer, caller: Caller) -> AsyncIterator[MemoryClient]:
+async def client(
+    server: MemsvcServer, caller: Caller, drain: Callable[[], Awaitable[int]]
+) -> AsyncIterator[MemoryClient]:
     async with MemoryClient(f"127.0.0.1:{server.port}", api_key=caller.key) as c:
         yield c
+    # Closed: every turn is ingested. Their extraction jobs run now, not in a later test that
+    # drains the outbox and counts only its own jobs (tests/test_llm_extraction_rules.py).
+    await drain()
 
 
 def memory_for(client: MemoryClient, **options: object) -> MemsvcMemory:
