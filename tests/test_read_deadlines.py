@@ -149,7 +149,10 @@ async def test_legs_blocked_by_a_lock_are_cancelled(
         tx = locker.transaction()
         await tx.start()
         try:
-            await locker.execute("LOCK TABLE memories IN ACCESS EXCLUSIVE MODE")
+            # Its own bound, not the pool's 5 s statement timeout: the lock waits for every
+            # open transaction on memories, and one of an earlier test's background work once
+            # outlasted 5 s in CI (the setup failed, not what this test checks).
+            await locker.execute("LOCK TABLE memories IN ACCESS EXCLUSIVE MODE", timeout=60)
             reply, elapsed = await timed(
                 stub_for(fresh, caller).Recall(
                     pb.RecallRequest(scope=pscope(), query=query, types=[FACT]), timeout=0.5
