@@ -16,7 +16,6 @@ from contextlib import AbstractContextManager, contextmanager
 import asyncpg
 import pytest
 from livekit.agents import Agent, llm
-from prometheus_client import REGISTRY
 
 from memsvc.client import MemoryClient
 from memsvc.client.builders import scope
@@ -26,27 +25,12 @@ from tests.conftest import Caller
 from tests.livekit_fakes import Replies, ScriptedLLM, ScriptedSTT, scripted_session
 from tests.test_cli_dev import free_port
 from tests.test_explicit_memory import remember
+from tests.voice_helpers import ahead_used, messages_stored
 
 # Generous for a shared test machine: what reaches the context is the point, not speed.
 TURN_TIMEOUT_S = 5.0
 QUESTION = "what is my daughter called"
 INSTRUCTIONS = "You are a helpful voice assistant."
-
-
-def ahead_used() -> float:
-    return sum(
-        REGISTRY.get_sample_value("memsvc_recall_ahead_total", {"outcome": o}) or 0.0
-        for o in ("ready", "awaited")
-    )
-
-
-async def messages_stored(pool: asyncpg.Pool, tenant: str) -> list[tuple[str, str]]:
-    async with pool.acquire() as conn:
-        rows = await conn.fetch(
-            "SELECT sender_id, text FROM messages WHERE tenant_id = $1 ORDER BY sent_at, text",
-            tenant,
-        )
-    return [(r["sender_id"], r["text"]) for r in rows]
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator, Sequence
 
 import asyncpg
 import pytest
-from prometheus_client import REGISTRY
 
 with warnings.catch_warnings():
     # Pipecat's audio utilities import the standard library's audioop, deprecated in 3.11:
@@ -34,17 +33,11 @@ from memsvc.server.app import MemsvcServer
 from tests.conftest import Caller
 from tests.test_cli_dev import free_port
 from tests.test_explicit_memory import remember
+from tests.voice_helpers import ahead_used, messages_stored
 
 # Generous for a shared test machine: what reaches the context is the point, not speed.
 TURN_TIMEOUT_S = 5.0
 QUESTION = "what is my daughter called"
-
-
-def ahead_used() -> float:
-    return sum(
-        REGISTRY.get_sample_value("memsvc_recall_ahead_total", {"outcome": o}) or 0.0
-        for o in ("ready", "awaited")
-    )
 
 
 @pytest.fixture
@@ -93,15 +86,6 @@ async def run(memory: MemsvcMemory, frames: Sequence[Frame]) -> list[Frame]:
         start_timeout=TURN_TIMEOUT_S,
     )
     return [f for f in down if isinstance(f, LLMContextFrame)]
-
-
-async def messages_stored(pool: asyncpg.Pool, tenant: str) -> list[tuple[str, str]]:
-    async with pool.acquire() as conn:
-        rows = await conn.fetch(
-            "SELECT sender_id, text FROM messages WHERE tenant_id = $1 ORDER BY sent_at, text",
-            tenant,
-        )
-    return [(r["sender_id"], r["text"]) for r in rows]
 
 
 async def test_the_packet_and_the_turns_memories_reach_the_llm_context(
