@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import time
-
 import asyncpg
 
 from memsvc.config import Settings
-from memsvc.embedded.process import Deadline
+from tests.cluster.node_faults import kill_worker_node_and_start_it_again
 from tools.clusters.citus import CitusCluster
 
 
@@ -70,18 +66,5 @@ def test_a_killed_worker_node_starts_again(citus_cluster: CitusCluster | None) -
         return
     worker = citus_cluster.workers[0]
     port, pid = worker.port, worker.pid
-    assert pid is not None
-    os.killpg(pid, signal.SIGKILL)
-    while worker.is_running():
-        time.sleep(0.01)
-    worker.start()
+    kill_worker_node_and_start_it_again(citus_cluster)
     assert worker.port == port and worker.pid not in (None, pid)
-    deadline = Deadline(60)
-    while True:
-        out = citus_cluster.coordinator.psql(
-            "SELECT bool_and(success) FROM run_command_on_workers($$SELECT 1$$)", deadline
-        )
-        if out.strip() == "t" or deadline.expired:
-            break
-        deadline.sleep(0.5)
-    assert out.strip() == "t"

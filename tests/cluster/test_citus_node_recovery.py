@@ -17,9 +17,6 @@ to the old node fails its next statement there once) is retried like any refusal
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -29,12 +26,12 @@ import grpc
 import pytest
 
 from memsvc.config import Settings
-from memsvc.embedded.process import Deadline, child_pids, pid_alive
 from memsvc.embedding import Embedder
 from memsvc.server.app import MemsvcServer
 from memsvc.storage import api_keys
 from memsvc.v1 import memory_pb2 as pb
 from memsvc.v1.memory_pb2_grpc import MemoryServiceStub
+from tests.cluster.node_faults import kill_worker_node_and_start_it_again
 from tests.conftest import Caller, started_server
 from tests.ingest_helpers import msg
 from tests.read_helpers import pscope, stub_for
@@ -79,32 +76,6 @@ async def fresh_server(settings: Settings, embedder: Embedder) -> AsyncIterator[
 async def fresh_channel(fresh_server: MemsvcServer) -> AsyncIterator[grpc.aio.Channel]:
     async with grpc.aio.insecure_channel(f"127.0.0.1:{fresh_server.port}") as ch:
         yield ch
-
-
-def kill_worker_node_and_start_it_again(cluster: CitusCluster) -> None:
-    """SIGKILL the first worker node's postmaster (its process group, as in a crash), start
-    it again on its port once its backends exited (each in a session of its own, they exit
-    when they notice; a new postmaster refuses to start while one holds the shared memory),
-    and wait until the coordinator reaches it."""
-    worker = cluster.workers[0]
-    pid = worker.pid
-    assert pid is not None
-    backends = child_pids(pid)
-    os.killpg(pid, signal.SIGKILL)
-    gone = Deadline(30)
-    while worker.is_running() or any(pid_alive(b) for b in backends):
-        assert not gone.expired, "the killed node's backends did not exit"
-        time.sleep(0.01)
-    worker.start()
-    deadline = Deadline(60)
-    while True:
-        out = cluster.coordinator.psql(
-            "SELECT bool_and(success) FROM run_command_on_workers($$SELECT 1$$)", deadline
-        )
-        if out.strip() == "t" or deadline.expired:
-            break
-        deadline.sleep(0.5)
-    assert out.strip() == "t", "the coordinator does not reach the worker node started again"
 
 
 async def served(call: Callable[[], Awaitable[Any]]) -> tuple[int, list[str]]:
