@@ -51,7 +51,14 @@ CONVERSATIONS = {
     ),
     # A time that is the object is what happened, not a date to leave out.
     "chess": (["I just had a bad day at the chess club."], "Having a bad day at the chess club"),
+    # A correction: what was taken back is not the title ("Saying Boston"), nor a value
+    # denied ("Being 43 34", "Living in Austin Boston").
+    "austin": (["I said Boston earlier but I meant Austin."], "Correcting Boston to Austin"),
+    "age": (["I'm 43, not 34."], "Being 43"),
+    "denied": (["I live in Austin, not Boston."], "Living in Austin"),
 }
+# Titles that must be exactly these (the others may go on: "Hiking in the Alps with ...").
+WHOLE_TITLES = {"austin", "age", "denied"}
 
 
 # The same conversations with the speaker's name sent (Message.sender_name = "Dana").
@@ -63,6 +70,7 @@ NAMED_TITLES = {
     "marathon": "Dana training for the Lisbon marathon",
     "rita": "Dana's sister Rita living in Madrid",
     "japan": "Dana planning a trip to Japan",
+    "austin": "Dana correcting Boston to Austin",
 }
 
 # Everyday conversations and topics each must have (among at most four).
@@ -118,6 +126,7 @@ async def test_episode_titles_are_cased_and_name_the_subject(caller: Caller, dra
     for session, (_, expected) in CONVERSATIONS.items():
         title = titles[session]
         assert title.startswith(expected), (session, title)
+        assert session not in WHOLE_TITLES or title == expected, (session, title)
         assert not title.lower().startswith("the user on"), title
         assert title[0].isupper(), title
         # The date is the episode's, not part of its title.

@@ -8,7 +8,7 @@ statement itself stays, as a dated fact of what happened.
 
 from __future__ import annotations
 
-from spacy.tokens import Token
+from spacy.tokens import Span, Token
 
 from memsvc.extraction.base import Ends
 from memsvc.extraction.predicates import PETS, RELATIVES
@@ -188,10 +188,16 @@ def endings(s: Statement) -> tuple[Ends, ...]:
 
 def restated(s: Statement) -> Token | None:
     """The value a "meant" clause takes back: "I said <Boston> earlier but I meant Austin"."""
+    return said_before(s.root, s.sent)
+
+
+def said_before(mean: Token, sent: Span) -> Token | None:
+    """What an "I said …" in ``sent`` (or the sentence before it) named, for the "I meant …"
+    clause whose verb is ``mean``."""
     # spaCy may cut "I said Boston earlier" off as a sentence of its own.
-    start = s.sent[0].nbor(-1).sent.start if s.sent.start > 0 else s.sent.start
-    for verb in s.sent.doc[start : s.sent.end]:
-        if lemma(verb) != "say" or verb.i == s.root.i:
+    start = sent[0].nbor(-1).sent.start if sent.start > 0 else sent.start
+    for verb in sent.doc[start : sent.end]:
+        if lemma(verb) != "say" or verb.i == mean.i:
             continue
         if not any(_lower(c) == "i" for c in _has(verb, "nsubj")):
             continue
@@ -209,13 +215,19 @@ def _said_value(say: Token) -> Token | None:
 def taken_back(s: Statement) -> bool:
     """Whether the clause is the "I said Boston earlier" that a "but I meant Austin" of its
     sentence takes back."""
-    if lemma(s.root) != "say" or _said_value(s.root) is None:
+    return said_then_taken_back(s.root, s.sent)
+
+
+def said_then_taken_back(say: Token, sent: Span) -> bool:
+    """Whether ``say`` is the verb of an "I said Boston" that an "I meant …" of ``sent`` (or
+    of the sentence after it) takes back."""
+    if lemma(say) != "say" or _said_value(say) is None:
         return False
-    doc = s.sent.doc
-    end = doc[s.sent.end].sent.end if s.sent.end < len(doc) else s.sent.end
+    doc = sent.doc
+    end = doc[sent.end].sent.end if sent.end < len(doc) else sent.end
     return any(
         lemma(t) == "mean" and any(_lower(c) == "i" for c in _has(t, "nsubj"))
-        for t in doc[s.sent.start : end]
+        for t in doc[sent.start : end]
     )
 
 

@@ -1,7 +1,8 @@
 """An episode's title: the gist of its most telling statement, as a cased noun phrase.
 
 "We moved to Porto last month" -> "Moving to Porto"; "My cat Luna passed away this morning"
--> "Luna passing away"; "I don't work at Google anymore" -> "No longer working at Google".
+-> "Luna passing away"; "I don't work at Google anymore" -> "No longer working at Google";
+"I said Boston earlier but I meant Austin" -> "Correcting Boston to Austin".
 With the speaker's name (when the caller sent one): "Dana's move to Porto", "Dana's cat Luna
 passing away", "Dana no longer working at Google". The words are the speaker's own, with
 their casing (names stay capitalized); times are left out (the episode has its dates), and so
@@ -13,8 +14,9 @@ from __future__ import annotations
 import functools
 
 from lemminflect import getInflection
-from spacy.tokens import Token
+from spacy.tokens import Span, Token
 
+from memsvc.extraction.changes import said_before, said_then_taken_back
 from memsvc.extraction.sentences import (
     FIRST_PLURAL,
     FIRST_SINGULAR,
@@ -73,17 +75,21 @@ def headline(statement: Statement, speaker: str = "") -> str | None:
     own = {t.i for t in statement.words()}
     roots = sorted([statement.root, *clause_roots(statement)], key=lambda t: t.i)
     for root in roots:
+        if said_then_taken_back(root, statement.sent):
+            continue  # "I said Boston earlier": the "but I meant Austin" says what it was
         allowed = {t.i for t in root.subtree} & own
         for other in roots:
             if other.i != root.i and other.i in allowed:
                 allowed -= {t.i for t in other.subtree}
-        title = _clause_title(root, allowed, dict(statement.refs), speaker)
+        title = _clause_title(root, allowed, dict(statement.refs), speaker, statement.sent)
         if title is not None:
             return title
     return None
 
 
-def _clause_title(root: Token, allowed: set[int], refs: dict[int, str], speaker: str) -> str | None:
+def _clause_title(
+    root: Token, allowed: set[int], refs: dict[int, str], speaker: str, sent: Span
+) -> str | None:
     if root.pos_ not in ("VERB", "AUX"):
         return None
     who = _who(root, allowed, refs, speaker)
@@ -91,6 +97,12 @@ def _clause_title(root: Token, allowed: set[int], refs: dict[int, str], speaker:
         return None
     verb = lemma(root)
     negated = is_negated(root)
+    if verb == "mean" and not negated and (said := said_before(root, sent)) is not None:
+        # "… but I meant Austin": a correction of what was said.
+        meant = next((c for c in root.children if c.dep_ in ("dobj", "attr")), None)
+        if meant is not None:
+            words = [_word(t, speaker) for t in _phrase(meant, allowed)]
+            return _title([*who, "correcting", said.text, "to", *words]) if words else None
     if verb in _LIKING and not negated:
         # What is liked is the title, whoever likes it ("Hiking in the Alps").
         liked = next((c for c in root.children if c.dep_ in ("dobj", "xcomp")), None)
@@ -158,11 +170,18 @@ def _phrase(token: Token, allowed: set[int]) -> list[Token]:
     """The token's subtree within the clause, without times, fillers, punctuation and
     embedded clauses."""
     out: list[Token] = []
-    # A time that is the object is the thing itself ("had a bad day", "a rough week").
-    times_are_words = token.dep_ == "dobj" and token.ent_type_ in _TIME_ENTITIES
+    # A time that is the object is the thing itself ("had a bad day", "I'm 43").
+    times_are_words = token.dep_ in ("dobj", "attr") and token.ent_type_ in _TIME_ENTITIES
+    # "Austin, not Boston", "43, not 34": the value taken back is no part of the title.
+    denied = {
+        d.i
+        for t in token.subtree
+        if t.dep_ in ("appos", "conj") and _after_not(t)
+        for d in t.subtree
+    }
     for t in token.subtree:
         timed = t.ent_type_ in _TIME_ENTITIES and not times_are_words
-        if t.i not in allowed or timed or t.is_punct or t.is_space:
+        if t.i not in allowed or t.i in denied or timed or t.is_punct or t.is_space:
             continue
         if t.lower_ in _FILLERS or (
             t.i != token.i and t.dep_ in ("relcl", "advcl", "ccomp", "npadvmod")
@@ -175,6 +194,14 @@ def _phrase(token: Token, allowed: set[int]) -> list[Token]:
     while out and out[-1].dep_ in ("prep", "cc", "det"):
         out.pop()
     return out
+
+
+def _after_not(token: Token) -> bool:
+    """ "not Boston": the token's own "not", or one just before it (spaCy hangs it on either
+    side)."""
+    if any(c.dep_ == "neg" for c in token.children):
+        return True
+    return token.i > 0 and token.doc[token.i - 1].dep_ == "neg"
 
 
 def _heads(token: Token, stop: Token) -> list[Token]:
