@@ -8,7 +8,9 @@ Each session's turns of each speaker are one extraction job, as bench/extraction
 sends them (same turn texts, same sent_at); the pipeline's phatic gate and confidence floor
 apply. An observation is covered when a fact's source turns include one of its evidence
 turns (extraction_eval's coverage). `--names`: the speaker's name as sender_name (it shapes
-titles and topics, not facts). `--out`: the covered observations as (user, evidence dia_ids)
+titles and topics, not facts). It also prints the extractor's CPU time per job and per turn
+(the process's, every thread's: spinning BLAS threads count), which load on the machine
+barely moves, unlike wall time. `--out`: the covered observations as (user, evidence dia_ids)
 and each turn's fact count, to diff two commits; no text of the data set is written.
 """
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -44,6 +47,8 @@ def main() -> None:
     conversations = [Conversation.of(s) for s in samples]
     sources: dict[str, set[str]] = {}
     facts_per_turn: dict[str, int] = {}
+    jobs = turns_read = 0
+    cpu_s = 0.0
     for conv in conversations:
         for n, when, turns in sessions_of(conv.sample["conversation"]):
             for speaker in conv.speakers:
@@ -56,6 +61,7 @@ def main() -> None:
                 if not mine:
                     continue
                 user = conv.users[speaker]
+                started = time.process_time()
                 out = extractor.extract_sync(
                     ExtractionInput(
                         user,
@@ -67,6 +73,9 @@ def main() -> None:
                         speaker_name=speaker if args.names else "",
                     )
                 )
+                cpu_s += time.process_time() - started
+                jobs += 1
+                turns_read += len(mine)
                 for fact in out.facts:
                     if fact.confidence < settings.confidence_floor:
                         continue
@@ -82,6 +91,12 @@ def main() -> None:
     ]
     total = sum(len(conv.observations()) for conv in conversations)
     print(f"covered {len(covered)}/{total} ({100 * len(covered) / total:.1f}%)", flush=True)
+    # The first job also loads the model (about a second): a small share of a whole run's.
+    print(
+        f"extractor CPU: {1000 * cpu_s / max(jobs, 1):.1f} ms per job, "
+        f"{1000 * cpu_s / max(turns_read, 1):.1f} ms per turn ({jobs} jobs, {turns_read} turns)",
+        flush=True,
+    )
     if args.out:
         args.out.write_text(json.dumps({"covered": covered, "facts_per_turn": facts_per_turn}))
 

@@ -1,17 +1,21 @@
 """The parser process (memsvc.extraction.parser_process): an exiting process ends it at once,
-whatever it is parsing, and the next parse starts a new one."""
+whatever it is parsing, and the next parse starts a new one; it parses with numpy's BLAS on
+one thread."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
+from memsvc.config import Settings
 from memsvc.extraction import parser_process
-from memsvc.extraction.base import ExtractionError
+from memsvc.extraction.base import ExtractionError, ExtractionInput, Turn
+from memsvc.extraction.rules import RulesExtractor
 
 
 def _busy(started: Path) -> None:
@@ -25,6 +29,13 @@ def _busy(started: Path) -> None:
 
 def _pid(_: object) -> int:
     return os.getpid()
+
+
+def _blas_threads(_: object) -> list[int]:
+    """Runs in the parser process: the thread count of each BLAS library numpy loaded."""
+    from threadpoolctl import threadpool_info
+
+    return [int(lib["num_threads"]) for lib in threadpool_info() if lib["user_api"] == "blas"]
 
 
 async def test_stop_ends_a_parse_in_hand_and_the_next_parse_starts_afresh(
@@ -51,3 +62,18 @@ async def test_stop_ends_a_parse_in_hand_and_the_next_parse_starts_afresh(
 def test_stop_without_a_parser_process_does_nothing() -> None:
     parser_process.stop()
     parser_process.stop()
+
+
+async def test_the_parser_process_parses_with_one_blas_thread() -> None:
+    """OpenBLAS wakes a spinning thread per core for every small product of a parse: several
+    times the CPU of one thread on a busy machine (memsvc/extraction/language.py)."""
+    settings = Settings.from_env({})
+    said = Turn("m1", "I moved to Porto last month and I work at Stripe now.", datetime.now(UTC))
+    extraction = await RulesExtractor().extract(
+        ExtractionInput(
+            "u1", "s1", (said,), settings.categories, settings.roles, settings.max_facts_per_episode
+        )
+    )
+    assert extraction.facts  # parsed there, with the model loaded
+    threads = await parser_process.parse_elsewhere(_blas_threads, None)
+    assert threads and set(threads) == {1}

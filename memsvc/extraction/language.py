@@ -12,6 +12,7 @@ import spacy
 from spacy.language import Language
 from spacy.tokens import Doc
 from thinc.api import Model, NumpyOps
+from threadpoolctl import threadpool_limits
 
 from memsvc.extraction.base import ExtractionError
 from memsvc.extraction.model_files import verify_model_files
@@ -39,7 +40,15 @@ class LanguageModel:
 def _use_numpy_matmul(nlp: Language) -> None:
     """Run the models' matrix products through numpy instead of thinc's blis kernel: for the
     small matrices of one utterance it is faster here (a short sentence parsed in 7.9 ms
-    against 10.5 ms on this 2-core EPYC), and a turn is parsed alone or in small batches."""
+    against 10.5 ms on this 2-core EPYC), and a turn is parsed alone or in small batches.
+
+    And numpy's BLAS on one thread, in the whole process. OpenBLAS otherwise wakes a thread per
+    core for every product, and those threads spin while they wait: a short sentence cost
+    64-77 ms of CPU per parse against 9.5-11 ms on one thread while the two cores were busy
+    with other work (`bench/extraction_rules.py` prints the extractor's CPU time per turn).
+    In production the process that loads the model is the parser process; numpy's other
+    products there are as small."""
+    threadpool_limits(limits=1, user_api="blas")
     ops = NumpyOps(use_blis=False)
     for _, component in nlp.pipeline:
         model = getattr(component, "model", None)
