@@ -221,6 +221,25 @@ async def test_a_negated_statement_is_never_a_positive_triple(
     assert negation[0].object == "Google" and negation[0].predicate.endswith("works_at")
 
 
+async def test_a_negated_sentence_the_rules_cannot_read_keeps_no_positive_triple(
+    llm: LLMServer, model: ScriptedModel
+) -> None:
+    """The rules read nothing in this turn, so nothing of theirs corrects the model; its own
+    sentence says "not", and its triple must not say the opposite."""
+    said = "Hard pass on pork, always."
+    model.facts_by_turn[said] = [
+        said_fact(
+            "The user does not like pork.", category="preference", predicate="likes", object="pork"
+        )
+    ]
+    await llm.say("bo", said, NOW)
+    assert model.asked == [said]
+
+    current = _current(await llm.memories("bo"))
+    assert [m.content for m in current] == ["The user does not like pork."]
+    assert ("user", "likes", "pork", False) not in _triples(current)
+
+
 async def test_a_third_party_fact_never_changes_the_users(
     llm: LLMServer, model: ScriptedModel
 ) -> None:

@@ -19,7 +19,11 @@ model cannot be trusted with:
   jazz", "Oh great, I just LOVE traffic", a joke taken back) is dropped.
 
 Any other fact the rules have no reading of (they read less than a model does) is kept as
-the model gave it, after the shape checks of the model's own extractor.
+the model gave it, after the shape checks of the model's own extractor, with one rule of its
+own: a fact whose own sentence is negated ("The user does not eat pork.") never carries a
+positive triple. Its triple is dropped and its sentence kept: a negated triple could end a
+true fact when the "not" belongs to another part of the sentence ("… Google, which is not in
+London"), while a fact without a triple ends nothing.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ _COMMON = frozenset(
 _WORD = re.compile(r"[a-z0-9]+")
 # How alike the words of two facts without a common object must be to be one statement.
 _SAME_WORDS = 0.6
+# A negation in a fact's own sentence ("does not", "doesn't", "never", "no longer").
+_NEGATION = re.compile(r"\b(?:not|never|no\s+longer)\b|n't\b", re.IGNORECASE)
 
 
 def held_to(proposed: Sequence[CandidateFact], read: Reading) -> tuple[CandidateFact, ...]:
@@ -114,6 +120,10 @@ def _words(text: str) -> set[str]:
 
 def _held(fact: CandidateFact, reading: CandidateFact | None) -> CandidateFact:
     if reading is None:
+        if fact.predicate and not fact.negated and _NEGATION.search(fact.content):
+            # "The user does not eat pork." as `eats pork`: the sentence stands, not the
+            # triple that says the opposite.
+            return replace(fact, predicate="", object="")
         return fact
     whose = fact.subject.casefold() != reading.subject.casefold()
     flipped = reading.negated and not fact.negated
