@@ -328,7 +328,14 @@ class Settings(BaseSettings):
         le=MAX_PROCESSES,
     )
     run_workers: Flag = setting(True, "run extraction workers inside `serve`/`dev`")
-    worker_concurrency: Integer = setting(2, "extraction jobs at once per process")
+    # 3: one tenant's backlog runs two jobs at once (MEMSVC_WORKER_MAX_JOBS_PER_TENANT) and
+    # the reserved slot stays free for another tenant's. With 2, one tenant's jobs ran one at
+    # a time, and extraction throughput fell to half (bench/ingest.py).
+    worker_concurrency: Integer = setting(
+        3,
+        "extraction jobs at once per process (one tenant's at most "
+        "`MEMSVC_WORKER_MAX_JOBS_PER_TENANT`; the reserved slots wait for other tenants)",
+    )
     worker_max_jobs_per_tenant: Integer = setting(
         2,
         "extraction jobs one tenant may have running at once over every worker; due jobs are "

@@ -54,7 +54,7 @@ class JobGone(Exception):
 
 @dataclass(frozen=True)
 class WorkerSettings:
-    concurrency: int = field(default=2, metadata=from_setting("worker_concurrency"))
+    concurrency: int = field(default=3, metadata=from_setting("worker_concurrency"))
     lease_s: float = field(default=120.0, metadata=from_setting("worker_lease_s"))
     # Well under the lease, so a live worker never loses a job it is still running.
     job_timeout_s: float = field(default=90.0, metadata=from_setting("worker_job_timeout_s"))
