@@ -77,7 +77,12 @@ INJECTION = re.compile(
     r"|system)? ?(?:instructions|prompts?|rules|messages)\b|\bsystem prompt\b|\bdeveloper mode\b"
     r"|\bjailbreak|\byou are now\b|\bact as (?:an? )?(?:admin|administrator|root|developer)"
     r"|\bi(?:'m| am) (?:the|an|your) (?:admin|administrator|owner|developer|creator|root"
-    r"|superuser|operator)\b|\b(?:admin|root|sudo|superuser) (?:access|privileges|rights|mode)\b",
+    r"|superuser|operator)\b|\b(?:admin|root|sudo|superuser) (?:access|privileges|rights|mode)\b"
+    # Rules for the memory itself: "new rule: …", "every fact you store about me must …".
+    r"|\bnew (?:rules?|instructions?)\s*:"
+    r"|\b(?:every|each|all|any) (?:facts?|memor(?:y|ies)|things?|notes?) (?:that )?(?:you|u) "
+    r"(?:store|save|record|keep|write|remember)(?: about (?:me|us|the user))? (?:must|should"
+    r"|shall|will|has to|have to|needs? to)\b",
     re.IGNORECASE,
 )
 _REMEMBER = re.compile(
