@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import asyncpg
 
 from memsvc.concurrency.backoff import backoff_delay
+from memsvc.concurrency.owner import working_for
 from memsvc.config import WORKER_ACQUIRE_TIMEOUT_S, from_setting
 from memsvc.ingest.failures import Failure, Verdict, classify
 from memsvc.ingest.payload import traceparent_of
@@ -406,6 +407,8 @@ class OutboxWorker:
         """The pipeline's run of the job, checked every ``job_check_s`` to still be this
         worker's: when the job was deleted or taken over meanwhile, the run is cancelled
         (JobGone). Cancelled itself (the job's deadline, a shutdown), it cancels the run."""
+        # The run's parses and embeddings wait their turns as this tenant's and user's.
+        working_for(job.scope.tenant_id, job.scope.user_id)
         work = asyncio.ensure_future(self._pipeline.run(job))
         try:
             while True:
