@@ -25,6 +25,7 @@ import time
 import uuid
 from collections import Counter
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -253,6 +254,7 @@ def main() -> None:
     parser.add_argument("--b-ingest-every", type=float, default=3.0)
     parser.add_argument("--b-recall-rate", type=float, default=4.0)
     parser.add_argument("--server-path", default="")
+    parser.add_argument("--server-log", default="", help="keep the server's log in this file")
     parser.add_argument(
         "--load-gates",
         action="store_true",
@@ -264,7 +266,9 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.server_path:
+        # `python -m memsvc` imports from the working directory first, PYTHONPATH after.
         os.environ["PYTHONPATH"] = args.server_path
+        os.chdir(args.server_path)
     env = (
         {}
         if args.load_gates
@@ -275,7 +279,8 @@ def main() -> None:
         }
     )
     env |= dict(item.split("=", 1) for item in args.env)
-    with served_stack(env) as target:
+    log_path = Path(args.server_log).resolve() if args.server_log else None
+    with served_stack(env, log_path=log_path) as target:
         key_a = asyncio.run(second_key(target.pg_dsn, "bench-a"))
         asyncio.run(warm_up(target))
         idle = asyncio.run(phase(target, key_a, flooding=False, args=args))

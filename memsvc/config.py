@@ -347,6 +347,14 @@ class Settings(BaseSettings):
         "tenants with no job running, so another tenant's job starts at once however busy one "
         "tenant keeps the workers (`0`: none)",
     )
+    parser_processes: Integer = setting(
+        2,
+        "processes parsing for the rules extractor, per serving or worker process; waiting "
+        "parses are served tenant by tenant (fewest in hand first), then user by user, so "
+        "another tenant's parse starts as soon as one is free",
+        ge=1,
+        le=64,
+    )
     worker_lease_s: Number = setting(120.0, "lease of a job a worker took")
     worker_job_timeout_s: Number = setting(90.0, "bound on one job (shorter than the lease)")
     worker_max_attempts: Integer = setting(5, "attempts before a job is `dead`")

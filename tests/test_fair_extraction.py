@@ -63,6 +63,37 @@ async def test_another_tenants_job_is_claimed_before_a_floods_second(
         )
 
 
+async def test_a_tenants_users_take_turns_in_claims(
+    new_caller: NewCaller, pool: asyncpg.Pool
+) -> None:
+    """Xavier's three jobs are older than Yann's one (same tenant, one job at a time): by
+    oldest due job alone Yann waited for all three; served in turns, he goes second."""
+    a = await new_caller()
+    for i in range(3):
+        await ingest(a, [msg("xavier", f"I live in Kyoto, {i}.")], user="xavier")
+    await ingest(a, [msg("yann", "I live in Osaka.")], user="yann")
+    worker = f"test-{uuid.uuid4().hex[:8]}"
+    served: dict[tuple[str, str], int] = {}
+    order: list[str] = []
+    async with pool.acquire() as conn:
+        for n in range(500):
+            # Short leases: other tests' leftovers taken here are claimable again soon.
+            jobs = await outbox.claim_fairly(
+                conn, worker_id=worker, lease_s=0.5, limit=1, max_per_tenant=1, served=served
+            )
+            if not jobs:
+                break
+            for job in jobs:
+                served[(job.scope.tenant_id, job.scope.user_id)] = n
+                if job.scope.tenant_id == a.tenant_id:
+                    order.append(job.scope.user_id)
+                    await outbox.complete(conn, job, {})  # the user's next job is claimable
+            if len(order) == 4:
+                break
+        await conn.execute("DELETE FROM ingest_outbox WHERE tenant_id = $1", a.tenant_id)
+    assert order == ["xavier", "yann", "xavier", "xavier"]
+
+
 async def test_a_tenant_at_its_cap_gets_no_more_jobs_and_others_do(
     new_caller: NewCaller, pool: asyncpg.Pool
 ) -> None:

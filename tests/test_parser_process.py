@@ -42,18 +42,20 @@ async def test_stop_ends_a_parse_in_hand_and_the_next_parse_starts_afresh(
     tmp_path: Path,
 ) -> None:
     first_pid = await parser_process.parse_elsewhere(_pid, None)
-    [process] = list(parser_process._parser_pool()._processes.values())
     started = tmp_path / "started"
     parse = asyncio.ensure_future(parser_process.parse_elsewhere(_busy, started))
     while not started.exists():  # noqa: ASYNC110 (another process writes it)
         await asyncio.sleep(0.01)
+    processes = parser_process._parser_pool().running()
+    assert processes
 
     parser_process.stop()
 
     # Without stop() the process would parse for ten minutes (and an interpreter's exit would
-    # wait for it); terminated, it is gone long before that.
-    await asyncio.to_thread(process.join, 60)
-    assert not process.is_alive()
+    # wait for it); terminated, every parser is gone long before that.
+    for process in processes:
+        await asyncio.to_thread(process.join, 60)
+        assert not process.is_alive()
     with pytest.raises(ExtractionError, match="parser process died"):
         await parse
     assert await parser_process.parse_elsewhere(_pid, None) != first_pid

@@ -23,12 +23,14 @@ import os
 import random
 import socket
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import asyncpg
 
 from memsvc.concurrency.backoff import backoff_delay
+from memsvc.concurrency.owner import working_for
 from memsvc.config import WORKER_ACQUIRE_TIMEOUT_S, from_setting
 from memsvc.ingest.failures import Failure, Verdict, classify
 from memsvc.ingest.payload import traceparent_of
@@ -46,6 +48,9 @@ CHANNEL = "memsvc_outbox"
 
 # Users with announced work a worker remembers for its read kicks (a set of short strings).
 MAX_ANNOUNCED = 100_000
+# Users a worker remembers having claimed for, so a tenant's users take turns (sent with
+# every fair claim: small). One forgotten counts as never served, which puts it first.
+MAX_SERVED = 256
 
 
 class JobGone(Exception):
@@ -118,6 +123,9 @@ class OutboxWorker:
         # Claims in flight: a job being claimed is not yet in _jobs, but is work in progress.
         self._claiming = 0
         self._rng = random.Random()
+        # (tenant, user) -> when this worker last claimed a job of theirs (a counter).
+        self._served: OrderedDict[tuple[str, str], int] = OrderedDict()
+        self._claims = 0
         self._last_periodic = 0.0
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -298,6 +306,7 @@ class OutboxWorker:
                 async with self._acquire() as conn:
                     jobs = await self._claim(conn, free, tenant_id, user_id)
                 for job in jobs:
+                    self._note_served(job)
                     self._spawn_job(job)
             finally:
                 self._claiming -= 1
@@ -343,6 +352,7 @@ class OutboxWorker:
                 lease_s=s.lease_s,
                 limit=anyone,
                 max_per_tenant=s.max_jobs_per_tenant,
+                served=self._served,
                 timeout_s=s.statement_timeout_s,
             )
         if free > len(jobs):
@@ -352,9 +362,19 @@ class OutboxWorker:
                 lease_s=s.lease_s,
                 limit=free - len(jobs),
                 max_per_tenant=1,
+                served=self._served,
                 timeout_s=s.statement_timeout_s,
             )
         return jobs
+
+    def _note_served(self, job: Job) -> None:
+        """The job's user was served now: it goes after its tenant's other users next time."""
+        self._claims += 1
+        key = (job.scope.tenant_id, job.scope.user_id)
+        self._served[key] = self._claims
+        self._served.move_to_end(key)
+        while len(self._served) > MAX_SERVED:
+            self._served.popitem(last=False)
 
     def _acquire(self) -> asyncpg.pool.PoolAcquireContext:
         return self._pool.acquire(timeout=self._settings.acquire_timeout_s)
@@ -406,6 +426,8 @@ class OutboxWorker:
         """The pipeline's run of the job, checked every ``job_check_s`` to still be this
         worker's: when the job was deleted or taken over meanwhile, the run is cancelled
         (JobGone). Cancelled itself (the job's deadline, a shutdown), it cancels the run."""
+        # The run's parses and embeddings wait their turns as this tenant's and user's.
+        working_for(job.scope.tenant_id, job.scope.user_id)
         work = asyncio.ensure_future(self._pipeline.run(job))
         try:
             while True:

@@ -18,10 +18,12 @@ from memsvc.concurrency.fanout import LegRunner
 from memsvc.config import ConfigError, Settings, service_config
 from memsvc.embedding import Embedder
 from memsvc.embedding.factory import build_embedder
+from memsvc.embedding.fair import FairEmbedder
 from memsvc.embedding.measured import MeasuredEmbedder
 from memsvc.export.checks import RecordLimits
 from memsvc.export.importer import ImportConfig, ImportService
 from memsvc.export.service import ExportConfig, ExportService
+from memsvc.extraction import parser_process
 from memsvc.extraction.base import Extractor
 from memsvc.extraction.factory import build_extractor
 from memsvc.extraction.guardrails import Thresholds
@@ -205,6 +207,7 @@ class Runtime:
         if self._given_extractor is not None:
             self.extractor = self._given_extractor
         else:
+            parser_process.configure(settings.parser_processes)
             self.extractor = build_extractor(settings)
             self._stack.push_async_callback(self.extractor.aclose)
 
@@ -445,8 +448,10 @@ class Runtime:
         queues behind an extraction batch."""
         embedder = self.embedder
         if self._with_worker and self._given_embedder is None and settings.embedder == "onnx":
-            embedder = await asyncio.to_thread(embedder_from_settings, settings, background=True)
-            self._stack.push_async_callback(embedder.aclose)
+            background = await asyncio.to_thread(embedder_from_settings, settings, background=True)
+            self._stack.push_async_callback(background.aclose)
+            # Its one inference thread takes texts tenant by tenant, not call by call.
+            embedder = FairEmbedder(background)
         self.pipeline_embedder = embedder
         return embedder
 

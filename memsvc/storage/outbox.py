@@ -7,6 +7,7 @@ command_timeout); a job's end is one of complete, retry_later or mark_dead.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -164,11 +165,14 @@ LIMIT $1
 """
 # How many more users than free slots claim_by_user looks at: other workers may take some.
 _DUE_USERS_SPARE = 4
-# The same users, in a fair order (issue 31): a tenant's users ranked by their oldest due
-# job, and tenants taken turn by turn, those with fewer jobs running first (over every
-# worker), so one tenant's flood of due jobs never goes before another tenant's first one.
-# A tenant at its cap ($2 jobs running; 0: none) is left out. Reads only, like _DUE_USERS;
-# the CTEs are materialized so that on Citus the window runs on the coordinator.
+# The same users, in a fair order (issue 31): a tenant's users ranked by when the claiming
+# worker last served them (never or longest ago first: $3, $4, $5 are the tenant, user and
+# stamp of those it served lately, a larger stamp later), then by their oldest due job; and
+# tenants taken turn by turn, those with fewer jobs running first (over every worker), so one
+# tenant's flood of due jobs never goes before another tenant's first one, and one user's
+# backlog never before the tenant's other users. A tenant at its cap ($2 jobs running; 0:
+# none) is left out. Reads only, like _DUE_USERS; the CTEs over the table are materialized
+# so that on Citus the rest runs on the coordinator, over their results.
 _FAIR_DUE_USERS = f"""
 WITH due AS MATERIALIZED (
     SELECT o.tenant_id, o.user_id, min(o.available_at) AS due
@@ -180,10 +184,16 @@ WITH due AS MATERIALIZED (
     FROM ingest_outbox
     WHERE state = 'processing' AND lease_until >= now()
     GROUP BY tenant_id
+), served AS (
+    SELECT * FROM unnest($3::text[], $4::text[], $5::bigint[]) AS s(tenant_id, user_id, stamp)
 ), ranked AS (
     SELECT d.tenant_id, d.user_id, d.due, coalesce(r.jobs, 0) AS running,
-           row_number() OVER (PARTITION BY d.tenant_id ORDER BY d.due, d.user_id) AS rank
-    FROM due d LEFT JOIN running r ON r.tenant_id = d.tenant_id
+           row_number() OVER (
+               PARTITION BY d.tenant_id ORDER BY coalesce(s.stamp, -1), d.due, d.user_id
+           ) AS rank
+    FROM due d
+    LEFT JOIN running r ON r.tenant_id = d.tenant_id
+    LEFT JOIN served s ON s.tenant_id = d.tenant_id AND s.user_id = d.user_id
 )
 SELECT tenant_id, user_id FROM ranked
 WHERE $2 = 0 OR running + rank <= $2
@@ -253,15 +263,25 @@ async def claim_fairly(
     lease_s: float,
     limit: int,
     max_per_tenant: int = 0,
+    served: Mapping[tuple[str, str], int] | None = None,
     timeout_s: float | None = None,
 ) -> list[Job]:
     """Claim up to `limit` due jobs across tenants fairly (_FAIR_DUE_USERS's order), at most
     ``max_per_tenant`` running per tenant over every worker (0: no cap), one user at a time
-    as in claim_by_user (so it runs on Citus too). Workers claiming at the same moment each
-    read the running counts before the others' claims: a tenant may then run up to one job
-    per such worker over its cap, until those end."""
+    as in claim_by_user (so it runs on Citus too). ``served``: (tenant, user) -> when this
+    worker last claimed for them (a larger number later), so a tenant's users take turns.
+    Workers claiming at the same moment each read the running counts before the others'
+    claims: a tenant may then run up to one job per such worker over its cap, until those
+    end."""
+    last = served or {}
     users = await conn.fetch(
-        _FAIR_DUE_USERS, limit * _DUE_USERS_SPARE, max_per_tenant, timeout=timeout_s
+        _FAIR_DUE_USERS,
+        limit * _DUE_USERS_SPARE,
+        max_per_tenant,
+        [tenant for tenant, _ in last],
+        [user for _, user in last],
+        list(last.values()),
+        timeout=timeout_s,
     )
     return await _claim_each(
         conn,
