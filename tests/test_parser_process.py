@@ -1,6 +1,6 @@
 """The parser process (memsvc.extraction.parser_process): an exiting process ends it at once,
-whatever it is parsing, and the next parse starts a new one; it parses with numpy's BLAS on
-one thread."""
+whatever it is parsing, and the next parse starts a new one; a parser parses with numpy's BLAS
+on one thread."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ import pytest
 from memsvc.config import Settings
 from memsvc.extraction import parser_process
 from memsvc.extraction.base import ExtractionError, ExtractionInput, Turn
-from memsvc.extraction.rules import RulesExtractor
 
 
 def _busy(started: Path) -> None:
@@ -31,11 +30,16 @@ def _pid(_: object) -> int:
     return os.getpid()
 
 
-def _blas_threads(_: object) -> list[int]:
-    """Runs in the parser process: the thread count of each BLAS library numpy loaded."""
+def _parse_then_count_blas_threads(data: ExtractionInput) -> tuple[int, list[int]]:
+    """Runs in a parser process: a parse as a job's (loading the model there, the first
+    time), then the thread count of each BLAS library numpy loaded."""
     from threadpoolctl import threadpool_info
 
-    return [int(lib["num_threads"]) for lib in threadpool_info() if lib["user_api"] == "blas"]
+    from memsvc.extraction.rules import _parse_in_parser_process
+
+    parsed = _parse_in_parser_process(data)
+    blas = [int(lib["num_threads"]) for lib in threadpool_info() if lib["user_api"] == "blas"]
+    return len(parsed.facts), blas
 
 
 async def test_stop_ends_a_parse_in_hand_and_the_next_parse_starts_afresh(
@@ -71,11 +75,9 @@ async def test_the_parser_process_parses_with_one_blas_thread() -> None:
     times the CPU of one thread on a busy machine (memsvc/extraction/language.py)."""
     settings = Settings.from_env({})
     said = Turn("m1", "I moved to Porto last month and I work at Stripe now.", datetime.now(UTC))
-    extraction = await RulesExtractor().extract(
-        ExtractionInput(
-            "u1", "s1", (said,), settings.categories, settings.roles, settings.max_facts_per_episode
-        )
+    data = ExtractionInput(
+        "u1", "s1", (said,), settings.categories, settings.roles, settings.max_facts_per_episode
     )
-    assert extraction.facts  # parsed there, with the model loaded
-    threads = await parser_process.parse_elsewhere(_blas_threads, None)
+    facts, threads = await parser_process.parse_elsewhere(_parse_then_count_blas_threads, data)
+    assert facts  # parsed there, with the model loaded
     assert threads and set(threads) == {1}
