@@ -105,19 +105,26 @@ async def drain_all(worker: OutboxWorker, rounds: int = 20, pause_s: float = 0.0
         await asyncio.sleep(pause_s)
 
 
-async def test_one_speakers_failure_never_rolls_back_another(caller: Caller, server) -> None:  # type: ignore[no-untyped-def]
+async def test_one_speakers_failure_never_rolls_back_another(caller: Caller, server, pool) -> None:  # type: ignore[no-untyped-def]
     reply = await ingest(
         caller, [msg("alice", "I live in Oslo."), msg("bob", "I work at Equinor.")]
     )
     flaky = FailingFor({"bob"}, times=1)
-    # A retry delay (1 s, no jitter) longer than one drain: the first ends after one attempt.
-    worker = make_worker(server, flaky, backoff_base_s=1.0, backoff_jitter=0.0)
+    # A retry delay (60 s, no jitter) far longer than one drain, on any machine: the first
+    # drain ends after one attempt (with 1 s a loaded machine ran the retry in the same drain).
+    worker = make_worker(server, flaky, backoff_base_s=60.0, backoff_jitter=0.0)
     await worker.drain()
     first = await status(caller, reply.ingest_id)
     assert first.state == pb.INGEST_STATE_PENDING
     assert first.attempts == 1 and first.last_error == "SpeakerFailures: ExtractionError"
     assert await contents(caller, "alice") == ["The user lives in Oslo."]
     assert await contents(caller, "bob") == []
+    # The retry is due now rather than in a minute.
+    async with pool.acquire() as conn:
+        await conn.execute(
+            "UPDATE ingest_outbox SET available_at = now() WHERE ingest_id = $1",
+            uuid.UUID(reply.ingest_id),
+        )
     await drain_all(worker, rounds=20, pause_s=0.1)
     done = await status(caller, reply.ingest_id)
     assert done.state == pb.INGEST_STATE_DONE and done.attempts == 2
