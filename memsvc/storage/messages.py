@@ -49,10 +49,9 @@ PREV_CHARS = 512
 # What the dense leg embeds of a message: its previous turn in the session (embed_prev, kept
 # by index_session_context) and its unit, `{previous unit}\n{unit}`. An assistant's answer
 # carries the user turn it answers, a user's reply the question it replies to, and a turn
-# such as "Yes, every weekend!" what it is about. Measured, dense leg alone, R@10 (see
-# docs/retrieval.md): LoCoMo development split without names 28.4 -> 48.0 (one conversation
-# of them), RealMem development split see the docs. The session date in front and the next
-# turn as well were measured too (see the docs).
+# such as "Yes, every weekend!" what it is about. Measured in docs/read-path.md ("The
+# previous turn in a message's vector"): without speaker names it is most of what a turn can
+# say about itself (LoCoMo, dense leg alone); on RealMem it is neutral.
 EMBED_UNIT_SQL = f"coalesce(embed_prev || E'\\n', '') || ({UNIT_SQL})"
 
 
