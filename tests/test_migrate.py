@@ -89,3 +89,52 @@ async def test_message_speakers_migration_rebuilds_what_was_indexed(
     assert "'sound':2A" in rows["b"]["ctx"] and "'carolin':" in rows["b"]["ctx"]
     assert "'support':" in rows["c"]["ctx"] and "'group':" in rows["c"]["ctx"]
     assert "A" in rows["a"]["ctx"].split("'carolin':")[1].split(" ")[0]
+
+
+async def test_message_context_migration_marks_vectors_without_their_previous_turn(
+    settings: Settings, server
+) -> None:  # type: ignore[no-untyped-def]
+    """0024 on a database with messages: each message with a previous turn in its session
+    gets it (embed_prev, its unit) and its vector, made without it, becomes stale; the first
+    turn of a session keeps its vector (its embedded text did not change)."""
+    admin = await asyncpg.connect(settings.pg_dsn)
+    name = "memsvc_migrate_0024"
+    await admin.execute(f"DROP DATABASE IF EXISTS {name}")
+    await admin.execute(f"CREATE DATABASE {name}")
+    dsn = settings.pg_dsn.rsplit("/", 1)[0] + f"/{name}"
+    conn = await asyncpg.connect(dsn)
+    try:
+        migrations = load_migrations(384)
+        for m in migrations:
+            if m.version < 24:
+                await conn.execute(m.sql)
+        await conn.execute(
+            "INSERT INTO messages (tenant_id, user_id, persona_id, agent_id, session_id,"
+            " message_id, ingest_id, sender_id, sender_name, role, text, sent_at, embedding,"
+            " embedding_model, embedding_state)"
+            " SELECT 't', 'u', '', '', m.session, m.id, gen_random_uuid(), 'u_81f3', m.name,"
+            " 'user', m.text, timestamptz '2023-05-08 13:56:00+00' + m.n * interval '1 second',"
+            " array_fill(0.1, ARRAY[384])::vector, 'model', m.state"
+            " FROM (VALUES (1, 's1', 'a', 'Caroline', 'Do you still paint?', 'ok'),"
+            "              (2, 's1', 'b', '', 'Yes, every weekend!', 'ok'),"
+            "              (3, 's1', 'c', '', 'Lovely', 'missing'),"
+            "              (4, 's2', 'd', '', 'Another day', 'ok'))"
+            " AS m(n, session, id, name, text, state)"
+        )
+        await conn.execute(next(m.sql for m in migrations if m.version == 24))
+        rows = {
+            r["message_id"]: (r["embed_prev"], r["embedding_state"])
+            for r in await conn.fetch(
+                "SELECT message_id, embed_prev, embedding_state FROM messages"
+            )
+        }
+    finally:
+        await conn.close()
+        await admin.execute(f"DROP DATABASE IF EXISTS {name}")
+        await admin.close()
+    assert rows == {
+        "a": (None, "ok"),
+        "b": ('Caroline said, "Do you still paint?"', "stale"),
+        "c": ("Yes, every weekend!", "missing"),
+        "d": (None, "ok"),
+    }
