@@ -138,6 +138,35 @@ async def test_cancelled_leg_query_really_stops_on_the_server(
     await eventually_none(pool, f"{MARKER}:dense")
 
 
+async def lock_memories(conn: asyncpg.Connection) -> None:
+    """LOCK TABLE memories IN ACCESS EXCLUSIVE MODE in ``conn``'s transaction, asked for two
+    seconds at a time (a savepoint each), for up to a minute.
+
+    The lock waits for every open transaction on memories, and while it waits every new
+    reader of the table queues behind it. Asked once with one long bound it failed in full
+    CI runs, at 5 s and then at 60 s (the setup, not what this test checks): a transaction of
+    earlier tests' background work that awaits another connection's read of memories cannot
+    end while that read queues behind the lock. Withdrawing the request every two seconds
+    lets such a transaction finish."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            async with conn.transaction():
+                await conn.execute("SET LOCAL lock_timeout = '2s'")
+                await conn.execute("LOCK TABLE memories IN ACCESS EXCLUSIVE MODE", timeout=10)
+                await conn.execute("SET LOCAL lock_timeout = 0")
+            return
+        except asyncpg.LockNotAvailableError:
+            holders = await conn.fetch(
+                "SELECT a.pid, a.state, a.xact_start, left(a.query, 120) AS query"
+                " FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
+                " WHERE l.relation = 'memories'::regclass AND l.granted"
+                " AND a.pid <> pg_backend_pid()"
+            )
+            assert time.monotonic() < deadline, f"memories held for a minute by {holders}"
+            await asyncio.sleep(0.2)
+
+
 async def test_legs_blocked_by_a_lock_are_cancelled(
     caller: Caller, pool: asyncpg.Pool, start_server: StartServer
 ) -> None:
@@ -149,10 +178,7 @@ async def test_legs_blocked_by_a_lock_are_cancelled(
         tx = locker.transaction()
         await tx.start()
         try:
-            # Its own bound, not the pool's 5 s statement timeout: the lock waits for every
-            # open transaction on memories, and one of an earlier test's background work once
-            # outlasted 5 s in CI (the setup failed, not what this test checks).
-            await locker.execute("LOCK TABLE memories IN ACCESS EXCLUSIVE MODE", timeout=60)
+            await lock_memories(locker)
             reply, elapsed = await timed(
                 stub_for(fresh, caller).Recall(
                     pb.RecallRequest(scope=pscope(), query=query, types=[FACT]), timeout=0.5
