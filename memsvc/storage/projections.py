@@ -52,10 +52,12 @@ async def mark_stale(conn: Connection, model_id: str) -> int:
 
 
 async def unembedded(conn: Connection, tier: Tier, limit: int) -> list[asyncpg.Record]:
-    """Up to `limit` rows of the tier whose vector is missing or stale: keys and text."""
+    """Up to `limit` rows of the tier whose vector is missing or stale: keys and text. Rows
+    with no text to embed are left out: they stay unembedded, and were they returned, enough
+    of them would fill every batch and starve the rows behind them."""
     rows: list[asyncpg.Record] = await conn.fetch(
         f"SELECT {', '.join(tier.key_names)}, {tier.text} AS text FROM {tier.table}"
-        " WHERE embedding_state <> 'ok' LIMIT $1",
+        f" WHERE embedding_state <> 'ok' AND ({tier.text}) ~ '[^[:space:]]' LIMIT $1",
         limit,
     )
     return rows
