@@ -94,12 +94,7 @@ async def seed_messages(
     async with pool.acquire() as conn, conn.transaction():
         await insert_messages(conn, scope, uuid.uuid4(), stored)
         await set_message_embeddings(
-            conn,
-            scope,
-            [(m.session_id, m.message_id) for m in stored],
-            vectors,
-            embedder.model_id,
-            unit_texts,
+            conn, scope, [(m.session_id, m.message_id) for m in stored], vectors, embedder.model_id
         )
     return [m.message_id for m in stored]
 

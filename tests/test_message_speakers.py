@@ -73,10 +73,7 @@ async def test_the_unit_names_the_speaker(
     rows = await stored(pool, caller.tenant_id)
     assert [rows[f"m{i}"]["sender_name"] for i in range(3)] == ["Caroline", "", ""]
     units = [f'Caroline said, "{texts[0]}"', f'Melanie said, "{texts[1]}"', texts[2]]
-    # Each vector is of the unit with the previous turn's in front (EMBED_UNIT_SQL).
-    vectors = await embedder.embed(
-        [units[0], units[0] + "\n" + units[1], units[1] + "\n" + units[2]]
-    )
+    vectors = await embedder.embed(units)
     for i in range(3):
         row = rows[f"m{i}"]
         assert row["embedding_state"] == "ok"

@@ -168,7 +168,7 @@ class ImportService:
         async with acquire(self._pool, budget, timeout_s=self._config.acquire_timeout_s) as conn:
             await _check_memory_ids(conn, target, parsed, keys["memory"], where)
             fresh = await self._fresh(conn, target, keys)
-            # What a message's vector is of: its unit (`{name} said, "{text}"`)...
+            # What a message's vector is of: its unit (`{name} said, "{text}"`).
             units = await message_sql.units(
                 conn,
                 [
@@ -178,19 +178,8 @@ class ImportService:
                     )
                 ],
             )
-        # And its previous turn in the session, where the import holds it (one stored before
-        # the import's first turn of a session: index_session_context marks the vector
-        # stale, and the reconciler re-embeds it).
-        previous = message_sql.previous_units(
-            units,
-            [
-                (key[:3], m.sent_at, m.message_id)
-                for key, (_, m) in zip(keys["message"], parsed.messages, strict=True)
-            ],
-        )
-        embedded = [message_sql.embed_unit(u, p) for u, p in zip(units, previous, strict=True)]
         # No connection held while the model runs.
-        vectors = await self._embed_new(replace(texts, messages=embedded), keys, fresh, budget)
+        vectors = await self._embed_new(replace(texts, messages=units), keys, fresh, budget)
         async with (
             acquire(self._pool, budget, timeout_s=self._config.acquire_timeout_s) as conn,
             conn.transaction(),
@@ -201,7 +190,7 @@ class ImportService:
             await writer.episodes(parsed.episodes, texts.episodes, vectors["episode"])
             await writer.topics(parsed.topics, texts.topics, vectors["topic"])
             await writer.messages(
-                parsed.messages, texts.messages, vectors["message"], texts.sender_names, previous
+                parsed.messages, texts.messages, vectors["message"], texts.sender_names
             )
             await writer.links(parsed)
             await writer.core_blocks(parsed.core_blocks, texts.core_blocks)
@@ -621,9 +610,7 @@ class _Writer:
         texts: Sequence[str],
         vectors: Sequence[np.ndarray | None],
         sender_names: Sequence[str],
-        previous: Sequence[str | None],
     ) -> None:
-        """``previous``: each one's previous turn as its vector holds it (embed_prev)."""
         if not records:
             return
         ms = [m for _, m in records]
@@ -645,7 +632,6 @@ class _Writer:
             ),
             Column("sender_id", "text", [m.sender_id for m in ms]),
             Column("sender_name", "text", list(sender_names)),
-            Column("embed_prev", "text", list(previous)),
             Column("role", "text", [m.role for m in ms]),
             Column("text", "text", list(texts)),
             Column("sent_at", "timestamptz", [m.sent_at for m in ms]),

@@ -242,19 +242,12 @@ class ExtractionPipeline:
         async with self._acquire() as conn:
             for session_id, ids in by_session.items():
                 await messages.index_session_context(conn, scope, session_id, ids)
-            keys = [
-                (r["session_id"], r["message_id"])
-                for r in rows
-                if r["embedding_state"] != "ok" and r["text"].strip()
-            ]
-            # The unit with its previous turn (storage.messages.EMBED_UNIT_SQL), as the
-            # context index just stored it.
-            units = await messages.embed_units(conn, scope, keys)
-        todo = [(k, u) for k, u in zip(keys, units, strict=True) if u is not None]
+        todo = [r for r in rows if r["embedding_state"] != "ok" and r["text"].strip()]
         if not todo:
             return 0
         try:
-            vectors = await self._embed_texts([unit for _, unit in todo])
+            # The unit: `{name} said, "{text}"` (storage.messages.UNIT_SQL).
+            vectors = await self._embed_texts([r["unit"] for r in todo])
         except EmbeddingError as exc:
             log.warning("message embedding failed, left for reconcile: %s", type(exc).__name__)
             return 0
@@ -262,10 +255,9 @@ class ExtractionPipeline:
             await messages.set_message_embeddings(
                 conn,
                 scope,
-                [key for key, _ in todo],
+                [(r["session_id"], r["message_id"]) for r in todo],
                 vectors,
                 self._embedder.model_id,
-                [unit for _, unit in todo],
             )
         return len(todo)
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import asyncpg
 
 from memsvc.storage.connection import Connection
-from memsvc.storage.messages import EMBED_UNIT_SQL
+from memsvc.storage.messages import UNIT_SQL
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ def projection(embedding: object | None, model_id: str) -> tuple[object | None, 
 
 TIERS = (
     Tier("memories", "memory_id", "content"),
-    Tier("messages", "persona_id, agent_id, session_id, message_id", EMBED_UNIT_SQL),
+    Tier("messages", "persona_id, agent_id, session_id, message_id", UNIT_SQL),
     Tier("episodes", "episode_id", "title || '. ' || summary"),
     Tier("topics", "topic_id", "name"),
 )
