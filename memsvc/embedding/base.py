@@ -51,6 +51,26 @@ class Embedder(Protocol):
         ...
 
 
+class WrappedEmbedder:
+    """An embedder around another one (measured, fair): the model and dimension are the
+    wrapped one's, and the wrapped embedder belongs to whoever built it, so :meth:`aclose`
+    leaves it open. Subclasses give ``embed``."""
+
+    def __init__(self, inner: Embedder) -> None:
+        self._inner = inner
+
+    @property
+    def model_id(self) -> str:
+        return self._inner.model_id
+
+    @property
+    def dimension(self) -> int:
+        return self._inner.dimension
+
+    async def aclose(self) -> None:
+        """The wrapped embedder is closed by its owner (the runtime's exit stack)."""
+
+
 def as_text_list(texts: Sequence[str]) -> list[str]:
     """Copy ``texts`` to a list, rejecting a bare ``str`` (a Sequence[str] of characters)."""
     # A lone string type-checks as Sequence[str] and would embed one vector per

@@ -18,24 +18,16 @@ import numpy.typing as npt
 
 from memsvc.concurrency.fair_queue import FairTurns
 from memsvc.concurrency.owner import current_owner
-from memsvc.embedding.base import Embedder, EmbeddingTimeout, as_text_list
+from memsvc.embedding.base import Embedder, EmbeddingTimeout, WrappedEmbedder, as_text_list
 
 
-class FairEmbedder:
+class FairEmbedder(WrappedEmbedder):
     """Wraps one embedder with ``slots`` texts in hand at once (its inference threads); the
     wrapped embedder belongs to whoever built it: :meth:`aclose` leaves it open."""
 
     def __init__(self, inner: Embedder, *, slots: int = 1) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._turns = FairTurns(slots)
-
-    @property
-    def model_id(self) -> str:
-        return self._inner.model_id
-
-    @property
-    def dimension(self) -> int:
-        return self._inner.dimension
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._inner!r})"
@@ -60,6 +52,3 @@ class FairEmbedder:
         except TimeoutError as exc:
             raise EmbeddingTimeout("the embedding did not finish within its budget") from exc
         return rows[0] if len(rows) == 1 else np.concatenate(rows)
-
-    async def aclose(self) -> None:
-        """The wrapped embedder is closed by its owner (the runtime's exit stack)."""

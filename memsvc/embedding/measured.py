@@ -8,11 +8,11 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from memsvc.embedding.base import Embedder, EmbeddingError, EmbeddingTimeout
+from memsvc.embedding.base import Embedder, EmbeddingError, EmbeddingTimeout, WrappedEmbedder
 from memsvc.observability import metrics
 
 
-class MeasuredEmbedder:
+class MeasuredEmbedder(WrappedEmbedder):
     """Wraps one embedder for one caller (``where``: query, write, extraction, reconcile).
 
     The runtime wraps the same backend once per caller, so one histogram shows whether query
@@ -21,16 +21,8 @@ class MeasuredEmbedder:
     """
 
     def __init__(self, inner: Embedder, where: str) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._where = where
-
-    @property
-    def model_id(self) -> str:
-        return self._inner.model_id
-
-    @property
-    def dimension(self) -> int:
-        return self._inner.dimension
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._inner!r}, where={self._where!r})"
@@ -51,6 +43,3 @@ class MeasuredEmbedder:
         metrics.EMBED_SECONDS.labels(model, self._where).observe(time.perf_counter() - started)
         metrics.EMBED_TEXTS.labels(model, self._where).inc(len(vectors))
         return vectors
-
-    async def aclose(self) -> None:
-        """The wrapped embedder is closed by its owner (the runtime's exit stack)."""
